@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dmfuse/dmfuse/delay"
+	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stats"
+)
+
+//go:embed default.conf
+var defaultConfig string
+
+// defaultImageSize is the size of the default set's backing file.
+const defaultImageSize = 1 << 30
+
+// MountCmd is `dmfuse mount`.
+type MountCmd struct {
+	Config      string `help:"Devices to create at start, in the dmsetup create --concise format (default: the embedded default set)." type:"path" placeholder:"FILE"`
+	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics." placeholder:"HOST:PORT"`
+	AllowOther  bool   `help:"Let other users use the device files."`
+	Debug       bool   `help:"Log every FUSE request." hidden:""`
+
+	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
+}
+
+// registry returns every target type dmfuse knows.
+func registry() *stack.Registry {
+	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
+		stack.Flakey, stack.Dust, delay.Type)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}
+
+// Run mounts, serves until a signal or an external unmount, and exits 0.
+func (c *MountCmd) Run(g *Globals) error {
+	dir := c.Mountpoint
+	if err := clearStale(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Prctl(unix.PR_SET_IO_FLUSHER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintf(os.Stderr, "dmfuse: warning: PR_SET_IO_FLUSHER: %v (serving loop devices may deadlock under memory pressure)\n", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	defer mgr.RemoveAll()
+
+	text, base, src := defaultConfig, "", "default set"
+	if c.Config != "" {
+		b, err := os.ReadFile(c.Config)
+		if err != nil {
+			return err
+		}
+		text, base, src = string(b), filepath.Dir(c.Config), c.Config
+	} else {
+		state, unlock, err := openState()
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		base = state
+	}
+	if err := createAll(mgr, text, base); err != nil {
+		return fmt.Errorf("%s: %w", src, err)
+	}
+
+	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug})
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", dir, err)
+	}
+	if c.MetricsAddr != "" {
+		exp := stats.NewExporter(func() []stats.Named {
+			var out []stats.Named
+			for _, d := range mgr.Devices() {
+				if d.Live() != nil {
+					out = append(out, stats.Named{Name: d.Name(), Disk: d.Disk()})
+				}
+			}
+			return out
+		})
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", exp)
+		hs := &http.Server{Addr: c.MetricsAddr, Handler: mux}
+		go func() {
+			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				fmt.Fprintf(os.Stderr, "dmfuse: metrics: %v\n", err)
+			}
+		}()
+		defer hs.Close()
+	}
+	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s\n", len(mgr.Devices()), dir)
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	done := make(chan struct{})
+	go func() { srv.Wait(); close(done) }()
+	for {
+		select {
+		case <-done:
+			return nil
+		case s := <-sigs:
+			if err := srv.Unmount(); err != nil {
+				fmt.Fprintf(os.Stderr, "dmfuse: %v: cannot unmount %s: %v; still serving\n", s, dir, err)
+				reportHolders(dir, mgr)
+				continue
+			}
+			<-done
+			return nil
+		}
+	}
+}
+
+// createAll builds the devices of a concise config in order; on any failure it
+// removes what it built, so that a bad config creates nothing.
+func createAll(mgr *stack.Manager, text, base string) error {
+	devs, err := stack.ParseConcise(text)
+	if err != nil {
+		return err
+	}
+	for _, d := range devs {
+		_, err := mgr.Create(stack.CreateOptions{Name: d.Name, UUID: d.UUID, Minor: d.Minor, ReadOnly: d.ReadOnly, Table: d.Table, Dir: base})
+		if err != nil {
+			mgr.RemoveAll()
+			return fmt.Errorf("line %d: %w", d.Line, err)
+		}
+	}
+	return nil
+}
+
+// stateDir is where the default set keeps its backing file.
+func stateDir() (string, error) {
+	if s := os.Getenv("XDG_STATE_HOME"); s != "" {
+		return filepath.Join(s, "dmfuse"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(home, ".local", "state", "dmfuse"), nil
+}
+
+// openState creates the state folder and the default backing file, and locks
+// the folder so that two daemons cannot share it.
+func openState() (string, func(), error) {
+	dir, err := stateDir()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", nil, err
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return "", nil, fmt.Errorf("state folder %s is in use by another dmfuse daemon (%v)", dir, err)
+	}
+	img := filepath.Join(dir, "disk.img")
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		var st os.FileInfo
+		if st, err = f.Stat(); err == nil && st.Size() < defaultImageSize {
+			err = f.Truncate(defaultImageSize)
+		}
+		f.Close()
+	}
+	if err != nil {
+		lock.Close()
+		return "", nil, fmt.Errorf("default backing file %s: %w", img, err)
+	}
+	return dir, func() { lock.Close() }, nil
+}
+
+// clearStale lazily unmounts a mount on dir whose daemon is gone ("Transport
+// endpoint is not connected"), and refuses a live mount.
+func clearStale(dir string) error {
+	var st unix.Stat_t
+	err := unix.Stat(dir, &st)
+	switch {
+	case errors.Is(err, unix.ENOTCONN):
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("%s: stale mount of a dead daemon, and unmounting it failed: %w", dir, err)
+		}
+		fmt.Fprintf(os.Stderr, "dmfuse: cleared a stale mount on %s left by a daemon that died; "+
+			"a loop device that was attached to it stays broken until `losetup -d`\n", dir)
+		for _, l := range loopsUnder(dir) {
+			fmt.Fprintf(os.Stderr, "dmfuse: %s still points at the dead mount: detach it with `losetup -d %s`\n", l, l)
+		}
+		return nil
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case err != nil:
+		return err
+	}
+	if isMountpoint(dir) {
+		return fmt.Errorf("%s is already a mount point", dir)
+	}
+	return nil
+}
+
+// isMountpoint reports whether dir is listed as a mount point in
+// /proc/self/mountinfo.
+func isMountpoint(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 4 && unescapeMount(f[4]) == dir {
+			return true
+		}
+	}
+	return false
+}
+
+func unescapeMount(s string) string {
+	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	return r.Replace(s)
+}
+
+// loopsUnder lists loop devices whose backing file lies under dir.
+func loopsUnder(dir string) []string {
+	var out []string
+	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		p := strings.TrimSpace(string(b))
+		p = strings.TrimSuffix(p, " (deleted)")
+		if p == dir || strings.HasPrefix(p, dir+"/") {
+			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(m))))
+		}
+	}
+	return out
+}
+
+// reportHolders says which devices keep the mount busy and how to release them.
+func reportHolders(dir string, mgr *stack.Manager) {
+	for _, l := range loopsUnder(dir) {
+		fmt.Fprintf(os.Stderr, "dmfuse: %s is attached to a device file: release it with `losetup -d %s`\n", l, l)
+	}
+	for _, d := range mgr.Devices() {
+		if n := d.OpenCount(); n > 0 {
+			fmt.Fprintf(os.Stderr, "dmfuse: device %s is held open (%d)\n", d.Name(), n)
+		}
+	}
+}

@@ -1,0 +1,28 @@
+package delay
+
+import "math"
+
+// Forever is the deadline of a wait that only a wake-up ends.
+const Forever int64 = math.MaxInt64
+
+// Clock is the time source of a Scheduler: it tells the time and waits for a
+// deadline. The real clock (RealClock) waits in ppoll and spins for the last
+// microseconds; tests drive the same scheduler with a manual clock.
+type Clock interface {
+	// Now returns monotonic nanoseconds.
+	Now() int64
+	// Wait blocks until Now() >= deadline or until Wake is called, whichever
+	// comes first; with deadline Forever only Wake ends it. A Wake that came
+	// while nobody waited ends the next Wait at once. Wait may return early
+	// for no reason; the scheduler checks the time again. Only the scheduler
+	// goroutine calls Wait.
+	Wait(deadline int64)
+	// Wake ends the current or next Wait. It may be called from any
+	// goroutine.
+	Wake()
+	// Yield is called after the scheduler released requests and before it
+	// waits again. The real clock blocks for a moment there, so that the
+	// released goroutines can run on this CPU at once; without it a release
+	// followed by a spin would leave them waiting for another CPU to wake.
+	Yield()
+}

@@ -1,0 +1,125 @@
+package delay
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SpinWindow is how long before a deadline the real clock stops sleeping in
+// ppoll and spins on the monotonic clock instead. ppoll with a timer slack of
+// 1 ns wakes up a few tens of microseconds late on a virtual machine; the
+// spin covers that.
+const SpinWindow = 60 * time.Microsecond
+
+// Linger is how long the real clock keeps polling for new requests in short
+// naps after the queue empties, before it sleeps without a deadline. A
+// request that arrives meanwhile (the next one of a queue-depth-1 stream comes
+// one FUSE round trip later) is seen within microseconds instead of a full
+// thread wake-up, which matters for delays below 0.1 ms. The naps leave the
+// CPU to other threads.
+const Linger = 200 * time.Microsecond
+
+// nap is the timeout of one ppoll while lingering or yielding.
+const nap = time.Microsecond
+
+// RealClock is the monotonic clock of the process. Wait sleeps in ppoll(2) on
+// an eventfd with a nanosecond timeout until SpinWindow before the deadline,
+// then spins; Wake writes the eventfd. Its Wait should run on a thread whose
+// timer slack is 1 ns (the scheduler goroutine sets it).
+type RealClock struct {
+	fd      int
+	pending atomic.Bool    // a Wake is in the eventfd and not yet consumed
+	fds     [1]unix.PollFd // used by the waiting goroutine only
+}
+
+var monoBase = time.Now()
+
+// NewRealClock returns a real clock with its own eventfd.
+func NewRealClock() (*RealClock, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("delay: eventfd: %w", err)
+	}
+	c := &RealClock{fd: fd}
+	c.fds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	return c, nil
+}
+
+// Now implements Clock with the runtime's monotonic clock (vDSO, no syscall).
+func (c *RealClock) Now() int64 { return int64(time.Since(monoBase)) }
+
+// Wake implements Clock. Only the first Wake after a Wait writes the eventfd.
+func (c *RealClock) Wake() {
+	if c.pending.CompareAndSwap(false, true) {
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(c.fd, one[:])
+	}
+}
+
+// Yield implements Clock: one short ppoll that gives the CPU away.
+func (c *RealClock) Yield() {
+	ts := unix.NsecToTimespec(int64(nap))
+	_, _ = unix.Ppoll(c.fds[:], &ts, nil) // a readable eventfd is left for Wait
+}
+
+// Wait implements Clock.
+func (c *RealClock) Wait(deadline int64) {
+	if deadline == Forever {
+		end := c.Now() + int64(Linger)
+		ts := unix.NsecToTimespec(int64(nap))
+		for c.Now() < end {
+			if n, _ := unix.Ppoll(c.fds[:], &ts, nil); n > 0 {
+				c.consume()
+				return
+			}
+		}
+		for {
+			n, err := unix.Ppoll(c.fds[:], nil, nil)
+			if n > 0 || (err != nil && err != unix.EINTR) {
+				c.consume()
+				return
+			}
+		}
+	}
+	spin := int64(SpinWindow)
+	for {
+		rem := deadline - c.Now()
+		if rem <= spin {
+			break
+		}
+		ts := unix.NsecToTimespec(rem - spin)
+		n, err := unix.Ppoll(c.fds[:], &ts, nil)
+		if n > 0 {
+			c.consume()
+			return
+		}
+		if err != nil && err != unix.EINTR {
+			break
+		}
+	}
+	for c.Now() < deadline {
+		if c.pending.Load() {
+			return // the next Wait finds the eventfd readable and consumes it
+		}
+	}
+}
+
+// consume drains the eventfd, then clears pending. In this order a Wake that
+// races with it is either drained or writes again; the scheduler rechecks its
+// state after every Wait, so neither is lost.
+func (c *RealClock) consume() {
+	var b [8]byte
+	_, _ = unix.Read(c.fd, b[:])
+	c.pending.Store(false)
+}
+
+// setTimerSlack sets the calling thread's timer slack to 1 ns, so that its
+// ppoll timeouts are not rounded up by the default 50 us.
+func setTimerSlack() {
+	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+}

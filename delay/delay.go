@@ -1,0 +1,294 @@
+package delay
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/dmfuse/dmfuse/stack"
+)
+
+// Type is the delay target type (dm-delay v1.5.0), served by the process's
+// scheduler on the real clock.
+var Type = &stack.TargetType{
+	Name:    "delay",
+	Version: [3]int{1, 5, 0},
+	New: func(c *stack.Ctor, args []string) (stack.Target, error) {
+		s, err := Default()
+		if err != nil {
+			return nil, &stack.ArgError{Reason: "Cannot start delay scheduler: " + err.Error(), Errno: errnoOf(err, syscall.ENOMEM)}
+		}
+		return New(s, c, args)
+	},
+}
+
+// NewType returns a delay target type whose targets are served by s (a
+// scheduler on a manual clock, in tests).
+func NewType(s *Scheduler) *stack.TargetType {
+	return &stack.TargetType{
+		Name:    "delay",
+		Version: Type.Version,
+		New: func(c *stack.Ctor, args []string) (stack.Target, error) {
+			return New(s, c, args)
+		},
+	}
+}
+
+// class is one of the read, write and flush classes: where its I/O goes and
+// how long it waits.
+type class struct {
+	dev   stack.BlockDevice
+	off   int64 // bytes
+	sec   int64 // the offset as given, in sectors
+	ms    float64
+	delay int64 // ns; 0 passes straight through
+}
+
+// Target is a constructed delay target.
+type Target struct {
+	q      *queue
+	nargs  int
+	cls    [numClasses]*class
+	closed bool
+}
+
+var (
+	_ stack.Target       = (*Target)(nil)
+	_ stack.Flusher      = (*Target)(nil)
+	_ stack.Discarder    = (*Target)(nil)
+	_ stack.ZeroWriter   = (*Target)(nil)
+	_ stack.Presuspender = (*Target)(nil)
+	_ stack.Resumer      = (*Target)(nil)
+	_ stack.MapAccounter = (*Target)(nil)
+	_ stack.DeviceLister = (*Target)(nil)
+)
+
+// New constructs a delay target served by s. The table syntax is dm-delay's:
+//
+//	<dev> <offset> <delay>                                            (3 args)
+//	<rdev> <roff> <rdelay> <wdev> <woff> <wdelay>                     (6 args)
+//	<rdev> <roff> <rdelay> <wdev> <woff> <wdelay> <fdev> <foff> <fdelay>  (9 args)
+//
+// Reads use the first triple; writes, discards and write-zeroes the second
+// (the first with 3 args); flushes the third (the write triple with 6 args,
+// the only one with 3). Offsets are sectors into the device. Delays are
+// milliseconds up to 4294967295; unlike dm-delay, dmfuse also accepts a
+// decimal fraction (0.25), kept to the nanosecond. A delay of 0 passes the
+// class through without waiting.
+func New(s *Scheduler, c *stack.Ctor, args []string) (*Target, error) {
+	n := len(args)
+	if n != 3 && n != 6 && n != 9 {
+		return nil, stack.Errorf("Requires exactly 3, 6 or 9 arguments")
+	}
+	t := &Target{nargs: n}
+	for i := 0; i < n; i += 3 {
+		cl, err := newClass(c, args[i:i+3], i)
+		if err != nil {
+			return nil, err
+		}
+		t.cls[i/3] = cl
+	}
+	if n == 3 {
+		t.cls[classWrite] = t.cls[classRead]
+	}
+	if n < 9 {
+		t.cls[classFlush] = t.cls[classWrite]
+	}
+	t.q = newQueue(s)
+	return t, nil
+}
+
+// newClass parses one `<dev> <offset> <delay>` triple in dm-delay's order:
+// offset, delay, then the device lookup. first is the index of args[0] among
+// all the arguments.
+func newClass(c *stack.Ctor, args []string, first int) (*class, error) {
+	sec, err := stack.ParseSector(args[1])
+	if err != nil {
+		return nil, stack.Errorf("Invalid device sector: argument %d %q", first+2, args[1])
+	}
+	ms, err := ParseDelay(args[2])
+	if err != nil {
+		return nil, stack.Errorf("Invalid delay: argument %d %q", first+3, args[2])
+	}
+	dev, err := c.Open(args[0])
+	if err != nil {
+		return nil, &stack.ArgError{Reason: "Device lookup failed: " + strconv.Quote(args[0]) + ": " + err.Error(),
+			Errno: errnoOf(err, syscall.ENODEV)}
+	}
+	if size := dev.Size() / stack.SectorSize; sec+c.Len > size {
+		return nil, stack.Errorf("%s too small for target: start=%d, len=%d, dev_size=%d",
+			dev.Name(), sec, c.Len, size)
+	}
+	return &class{dev: dev, off: sec * stack.SectorSize, sec: sec, ms: ms, delay: int64(math.Round(ms * 1e6))}, nil
+}
+
+// errnoOf returns the errno err carries, or def.
+func errnoOf(err error, def syscall.Errno) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return def
+}
+
+// maxDelayMs is the largest delay, dm-delay's unsigned 32-bit milliseconds.
+const maxDelayMs = math.MaxUint32
+
+// ParseDelay parses a delay in milliseconds: decimal digits with an optional
+// leading '+' (as the kernel's kstrtouint takes) and an optional fraction
+// (`0.25`), at most 4294967295. Exponents, signs other than '+', hex, inf and
+// nan are refused.
+func ParseDelay(s string) (float64, error) {
+	t := strings.TrimPrefix(s, "+")
+	intPart, frac, hasDot := strings.Cut(t, ".")
+	if intPart == "" || !allDigits(intPart) || hasDot && (frac == "" || !allDigits(frac)) {
+		return 0, strconv.ErrSyntax
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil {
+		return 0, err
+	}
+	if v > maxDelayMs {
+		return 0, strconv.ErrRange
+	}
+	return v, nil
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// FormatDelay prints a delay as the shortest decimal that ParseDelay reads
+// back to the same value, never in exponent form.
+func FormatDelay(ms float64) string { return strconv.FormatFloat(ms, 'f', -1, 64) }
+
+// wait delays one request of class c.
+func (t *Target) wait(ctx context.Context, c *class, cl int) error {
+	if c.delay > 0 {
+		if err := t.q.wait(ctx, cl, c.delay); err != nil {
+			return err
+		}
+	}
+	stack.StartAccounting(ctx)
+	return nil
+}
+
+// ReadAt delays the read by the read delay, then reads from the read device.
+func (t *Target) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	c := t.cls[classRead]
+	if err := t.wait(ctx, c, classRead); err != nil {
+		return 0, err
+	}
+	return c.dev.ReadAt(ctx, p, c.off+off)
+}
+
+// WriteAt delays the write by the write delay, then writes to the write device.
+func (t *Target) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	c := t.cls[classWrite]
+	if err := t.wait(ctx, c, classWrite); err != nil {
+		return 0, err
+	}
+	return c.dev.WriteAt(ctx, p, c.off+off)
+}
+
+// Flush delays the flush by the flush delay, then flushes the flush device.
+func (t *Target) Flush(ctx context.Context) error {
+	c := t.cls[classFlush]
+	if err := t.wait(ctx, c, classFlush); err != nil {
+		return err
+	}
+	return c.dev.Flush(ctx)
+}
+
+// Discard is a write for dm-delay: delayed by the write delay, then passed
+// to the write device.
+func (t *Target) Discard(ctx context.Context, off, n int64) error {
+	c := t.cls[classWrite]
+	if err := t.wait(ctx, c, classWrite); err != nil {
+		return err
+	}
+	return c.dev.Discard(ctx, c.off+off, n)
+}
+
+// WriteZeroes is a write for dm-delay: delayed by the write delay, then
+// passed to the write device.
+func (t *Target) WriteZeroes(ctx context.Context, off, n int64) error {
+	c := t.cls[classWrite]
+	if err := t.wait(ctx, c, classWrite); err != nil {
+		return err
+	}
+	return c.dev.WriteZeroes(ctx, c.off+off, n)
+}
+
+// Status returns, for StatusTable, the read triple, then the write triple
+// with 6 or 9 arguments and the flush triple with 9; for StatusInfo the
+// number of requests queued now per class: `<reads> <writes> <flushes>`.
+func (t *Target) Status(st stack.StatusType) string {
+	var b []byte
+	if st == stack.StatusInfo {
+		n := t.q.counts()
+		for c := range n {
+			if c > 0 {
+				b = append(b, ' ')
+			}
+			b = strconv.AppendInt(b, int64(n[c]), 10)
+		}
+		return string(b)
+	}
+	for i := 0; i < t.nargs/3; i++ {
+		c := t.cls[i]
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, stack.EscapeArg(c.dev.Name())...)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, c.sec, 10)
+		b = append(b, ' ')
+		b = append(b, FormatDelay(c.ms)...)
+	}
+	return string(b)
+}
+
+// AccountsAtMap marks delay as a target that starts accounting itself, when a
+// request leaves the queue.
+func (t *Target) AccountsAtMap() {}
+
+// Presuspend stops delaying and releases every queued request at once.
+func (t *Target) Presuspend(noflush bool) { t.q.flush() }
+
+// Resume delays again.
+func (t *Target) Resume() { t.q.resume() }
+
+// Devices returns the distinct devices of the classes.
+func (t *Target) Devices() []stack.BlockDevice {
+	var out []stack.BlockDevice
+	for i := 0; i < t.nargs/3; i++ {
+		d := t.cls[i].dev
+		dup := false
+		for _, o := range out {
+			dup = dup || o.Name() == d.Name()
+		}
+		if !dup {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Close releases what is still queued and lets the scheduler stop if this
+// was its last target.
+func (t *Target) Close() error {
+	if !t.closed {
+		t.closed = true
+		t.q.close()
+	}
+	return nil
+}

@@ -1,0 +1,74 @@
+package delay
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/dmfuse/dmfuse/stack"
+)
+
+func TestRealClockWake(t *testing.T) {
+	c, err := NewRealClock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Wake()
+	c.Wake()
+	c.Wait(Forever) // a Wake that came first ends the next Wait
+	c.Wait(c.Now() - 1)
+	c.Wait(c.Now() + 100_000) // spins out
+	done := make(chan struct{})
+	go func() { c.Wait(Forever); close(done) }()
+	c.Wake()
+	<-done
+}
+
+// TestRealSchedulerConcurrent runs delayed reads and writes from many
+// goroutines through the process's scheduler and checks the data.
+func TestRealSchedulerConcurrent(t *testing.T) {
+	s, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs := map[string]*stack.MemDevice{
+		"r": stack.NewMemDevice("r", 1<<20),
+		"w": stack.NewMemDevice("w", 1<<20),
+	}
+	ctor := &stack.Ctor{Len: 1024, Open: func(a string) (stack.BlockDevice, error) { return devs[a], nil }}
+	tg, err := New(s, ctor, []string{"w", "0", "0.02", "w", "0", "0.05"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 64 {
+		wg.Go(func() {
+			ctx := context.Background()
+			buf := make([]byte, 512)
+			want := bytes.Repeat([]byte{byte(g)}, 512)
+			for i := range 20 {
+				off := int64(g*8+i%8) * 512
+				if _, err := tg.WriteAt(ctx, want, off); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := tg.ReadAt(ctx, buf, off); err != nil || !bytes.Equal(buf, want) {
+					errs <- fmt.Errorf("goroutine %d: read back %v, %v", g, buf[:4], err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := tg.Status(stack.StatusInfo); got != "0 0 0" {
+		t.Errorf("status %q after all I/O completed", got)
+	}
+}

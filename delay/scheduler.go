@@ -1,0 +1,439 @@
+package delay
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"syscall"
+)
+
+// Classes of I/O, as dm-delay sorts bios.
+const (
+	classRead  = iota // reads
+	classWrite        // writes, discards, write-zeroes
+	classFlush        // flushes (fsync)
+	numClasses
+)
+
+// Scheduler releases delayed requests at their deadlines. One scheduler
+// serves every delay target of a process: a single goroutine, locked to its
+// OS thread, keeps the earliest pending deadline of each target in a heap and
+// waits on its Clock until the earliest one. Each pass releases every expired
+// request, target by target, in the order the requests arrived. With nothing
+// queued it waits without a deadline and costs no CPU; a request whose
+// deadline is earlier than the one being waited for wakes it at once.
+//
+// The goroutine starts when the first target is constructed and ends when the
+// last one is closed and nothing is pending.
+type Scheduler struct {
+	clock Clock
+
+	mu        sync.Mutex
+	heap      queueHeap // queues with pending requests, by earliest deadline
+	users     int       // live targets
+	running   bool      // the loop goroutine exists
+	waiting   bool      // the loop is in (or about to enter) clock.Wait
+	waitUntil int64     // the deadline of that wait
+
+	// owned by the loop goroutine
+	due     []*queue
+	dueNext []int64
+	dueMore []bool
+	batch   []*waiter
+
+	// onRelease, if set, is called by the loop for every released request in
+	// release order (tests).
+	onRelease func(w *waiter)
+}
+
+// NewScheduler returns a scheduler on clock c. Its goroutine starts with its
+// first target.
+func NewScheduler(c Clock) *Scheduler { return &Scheduler{clock: c} }
+
+var (
+	defaultOnce  sync.Once
+	defaultSched *Scheduler
+	defaultErr   error
+)
+
+// Default returns the scheduler of the process, on the real clock.
+func Default() (*Scheduler, error) {
+	defaultOnce.Do(func() {
+		c, err := NewRealClock()
+		if err != nil {
+			defaultErr = err
+			return
+		}
+		defaultSched = NewScheduler(c)
+	})
+	return defaultSched, defaultErr
+}
+
+// acquire registers a target, starting the loop if it is not running.
+func (s *Scheduler) acquire() {
+	s.mu.Lock()
+	s.users++
+	if !s.running {
+		s.running = true
+		go s.loop()
+	}
+	s.mu.Unlock()
+}
+
+// release unregisters the target of q, whose requests have all been
+// released; the loop ends once no target is left.
+func (s *Scheduler) release(q *queue) {
+	s.mu.Lock()
+	q.closed = true
+	if q.heapIdx >= 0 {
+		heap.Remove(&s.heap, q.heapIdx)
+	}
+	s.users--
+	wake := s.users == 0 && s.waiting
+	if wake {
+		s.waiting = false
+	}
+	s.mu.Unlock()
+	if wake {
+		s.clock.Wake()
+	}
+}
+
+// schedule tells the scheduler that q has a request due at d. The caller holds
+// q.mu. A queue's key only ever decreases between passes, so it is a lower
+// bound of its earliest deadline; a stale key costs one early pass, never a
+// late release.
+func (s *Scheduler) schedule(q *queue, d int64) {
+	s.mu.Lock()
+	switch {
+	case q.heapIdx < 0:
+		q.key = d
+		heap.Push(&s.heap, q)
+	case d < q.key:
+		q.key = d
+		heap.Fix(&s.heap, q.heapIdx)
+	default:
+		s.mu.Unlock()
+		return
+	}
+	wake := s.waiting && s.heap[0] == q && d < s.waitUntil
+	if wake {
+		s.waiting = false
+	}
+	s.mu.Unlock()
+	if wake {
+		s.clock.Wake()
+	}
+}
+
+// loop is the scheduler goroutine.
+func (s *Scheduler) loop() {
+	// The thread's timer slack is changed, so the goroutine never unlocks
+	// it: the runtime ends the thread when the goroutine returns.
+	runtime.LockOSThread()
+	setTimerSlack()
+	s.mu.Lock()
+	for {
+		if s.users == 0 && len(s.heap) == 0 {
+			s.running = false
+			s.mu.Unlock()
+			return
+		}
+		now := s.clock.Now()
+		for len(s.heap) > 0 && s.heap[0].key <= now {
+			s.due = append(s.due, heap.Pop(&s.heap).(*queue))
+		}
+		if len(s.due) == 0 {
+			until := Forever
+			if len(s.heap) > 0 {
+				until = s.heap[0].key
+			}
+			s.waiting, s.waitUntil = true, until
+			s.mu.Unlock()
+			s.clock.Wait(until)
+			s.mu.Lock()
+			s.waiting = false
+			continue
+		}
+		s.mu.Unlock()
+		s.pass(s.clock.Now())
+		s.mu.Lock()
+		for i, q := range s.due {
+			if s.dueMore[i] {
+				s.requeue(q, s.dueNext[i])
+			}
+			s.due[i] = nil
+		}
+		s.due, s.dueNext, s.dueMore = s.due[:0], s.dueNext[:0], s.dueMore[:0]
+	}
+}
+
+// pass releases every expired request of the due queues.
+func (s *Scheduler) pass(now int64) {
+	for _, q := range s.due {
+		q.mu.Lock()
+		var next int64
+		var more bool
+		s.batch, next, more = q.collectLocked(now, s.batch)
+		q.mu.Unlock()
+		s.dueNext = append(s.dueNext, next)
+		s.dueMore = append(s.dueMore, more)
+	}
+	if len(s.batch) == 0 {
+		return
+	}
+	for i, w := range s.batch {
+		if s.onRelease != nil {
+			s.onRelease(w)
+		}
+		w.ch <- struct{}{} // w belongs to its goroutine from here on
+		s.batch[i] = nil
+	}
+	s.batch = s.batch[:0]
+	s.clock.Yield()
+}
+
+// requeue puts q back with key d, or lowers its key if a request queued since
+// the pass already put it back. The caller holds s.mu.
+func (s *Scheduler) requeue(q *queue, d int64) {
+	if q.closed {
+		return
+	}
+	if q.heapIdx < 0 {
+		q.key = d
+		heap.Push(&s.heap, q)
+	} else if d < q.key {
+		q.key = d
+		heap.Fix(&s.heap, q.heapIdx)
+	}
+}
+
+// Waiter states, guarded by the queue's lock.
+const (
+	stateQueued = iota
+	stateReleased
+)
+
+// waiter is one delayed request. Its goroutine blocks on ch until the
+// scheduler (or presuspend) sends on it. Waiters come from a pool, with their
+// channel, so that a delayed request allocates nothing.
+type waiter struct {
+	ch         chan struct{} // capacity 1
+	prev, next *waiter
+	deadline   int64
+	seq        uint64 // arrival order within the queue
+	class      uint8
+	state      uint8
+}
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan struct{}, 1)} }}
+
+// list is a FIFO of waiters of one class. Deadlines in it never decrease,
+// since all its requests have the same delay.
+type list struct {
+	head, tail *waiter
+	n          int
+}
+
+func (l *list) push(w *waiter) {
+	w.prev, w.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = w
+	} else {
+		l.head = w
+	}
+	l.tail = w
+	l.n++
+}
+
+func (l *list) remove(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		l.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		l.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	l.n--
+}
+
+// queue holds the delayed requests of one target: a FIFO per class, the
+// "may delay" flag, and the target's place in the scheduler's heap.
+type queue struct {
+	s  *Scheduler
+	mu struct {
+		sync.Mutex
+		noDelay bool // between presuspend and resume
+		seq     uint64
+		lists   [numClasses]list
+	}
+	// guarded by s.mu
+	heapIdx int // -1 when not in the heap
+	key     int64
+	closed  bool
+}
+
+func newQueue(s *Scheduler) *queue {
+	q := &queue{s: s, heapIdx: -1}
+	s.acquire()
+	return q
+}
+
+// wait delays the calling request of class c by d nanoseconds (d > 0). It
+// returns at once while the queue does not delay (suspended). If ctx ends
+// first the request leaves the queue and wait returns an error wrapping
+// EINTR and the context's error.
+func (q *queue) wait(ctx context.Context, c int, d int64) error {
+	q.mu.Lock()
+	if q.mu.noDelay {
+		q.mu.Unlock()
+		return nil
+	}
+	w := waiterPool.Get().(*waiter)
+	w.deadline = q.s.clock.Now() + d
+	w.class, w.state = uint8(c), stateQueued
+	q.mu.seq++
+	w.seq = q.mu.seq
+	l := &q.mu.lists[c]
+	first := l.head == nil
+	l.push(w)
+	if first {
+		q.s.schedule(q, w.deadline)
+	}
+	q.mu.Unlock()
+
+	select {
+	case <-w.ch:
+	case <-ctx.Done():
+		q.mu.Lock()
+		if w.state == stateQueued {
+			l.remove(w)
+			q.mu.Unlock()
+			waiterPool.Put(w)
+			return fmt.Errorf("delay: %w: %w", syscall.EINTR, ctx.Err())
+		}
+		q.mu.Unlock()
+		<-w.ch // released at the same moment; the send is on its way
+	}
+	waiterPool.Put(w)
+	return nil
+}
+
+// collectLocked detaches every request with deadline <= now, appends them to
+// batch in arrival order and marks them released. It returns the earliest
+// deadline still queued and whether any request is left. The caller holds
+// q.mu.
+func (q *queue) collectLocked(now int64, batch []*waiter) ([]*waiter, int64, bool) {
+	var heads [numClasses]*waiter
+	for c := range q.mu.lists {
+		l := &q.mu.lists[c]
+		var last *waiter
+		for w := l.head; w != nil && w.deadline <= now; w = w.next {
+			w.state = stateReleased
+			last = w
+			l.n--
+		}
+		if last == nil {
+			continue
+		}
+		heads[c] = l.head
+		l.head = last.next
+		if l.head != nil {
+			l.head.prev = nil
+		} else {
+			l.tail = nil
+		}
+		last.next = nil
+	}
+	for {
+		m := -1
+		for c, h := range heads {
+			if h != nil && (m < 0 || h.seq < heads[m].seq) {
+				m = c
+			}
+		}
+		if m < 0 {
+			break
+		}
+		w := heads[m]
+		heads[m] = w.next
+		w.prev, w.next = nil, nil
+		batch = append(batch, w)
+	}
+	next, more := Forever, false
+	for c := range q.mu.lists {
+		if h := q.mu.lists[c].head; h != nil {
+			more = true
+			next = min(next, h.deadline)
+		}
+	}
+	return batch, next, more
+}
+
+// flush stops delaying and releases every queued request at once, in arrival
+// order (dm-delay's presuspend). The flag is set under the same lock as
+// enqueueing, so a request that races with it either is released here or
+// passes straight through.
+func (q *queue) flush() {
+	q.mu.Lock()
+	q.mu.noDelay = true
+	batch, _, _ := q.collectLocked(Forever, nil)
+	q.mu.Unlock()
+	for _, w := range batch {
+		w.ch <- struct{}{}
+	}
+}
+
+// resume delays again.
+func (q *queue) resume() {
+	q.mu.Lock()
+	q.mu.noDelay = false
+	q.mu.Unlock()
+}
+
+// counts returns the number of queued requests per class.
+func (q *queue) counts() (n [numClasses]int) {
+	q.mu.Lock()
+	for c := range q.mu.lists {
+		n[c] = q.mu.lists[c].n
+	}
+	q.mu.Unlock()
+	return n
+}
+
+// close releases everything and unregisters the queue from the scheduler.
+func (q *queue) close() {
+	q.flush()
+	q.s.release(q)
+}
+
+// queueHeap orders queues by key (container/heap).
+type queueHeap []*queue
+
+func (h queueHeap) Len() int           { return len(h) }
+func (h queueHeap) Less(i, j int) bool { return h[i].key < h[j].key }
+func (h queueHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
+}
+
+func (h *queueHeap) Push(x any) {
+	q := x.(*queue)
+	q.heapIdx = len(*h)
+	*h = append(*h, q)
+}
+
+func (h *queueHeap) Pop() any {
+	old := *h
+	q := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	q.heapIdx = -1
+	return q
+}

@@ -1,0 +1,274 @@
+// Package fs presents the mapped devices of a stack.Manager as a FUSE file
+// system: one regular file per device with a live table, and a stats/ folder
+// with the kernel's diskstats, stat and inflight formats.
+//
+//	MOUNTPOINT/
+//	  NAME                 one regular file per device; size = table length x 512
+//	  stats/diskstats      one line per device, /proc/diskstats format
+//	  stats/NAME/stat      /sys/block/NAME/stat format
+//	  stats/NAME/inflight  /sys/block/NAME/inflight format
+//
+// The package is a thin adapter: it decodes a request, calls the device and
+// turns the error into an errno once. Device files are opened with
+// FOPEN_DIRECT_IO (the page cache would hide injected errors and delays) and
+// FOPEN_PARALLEL_DIRECT_WRITES (without it the kernel serialises direct
+// writes per inode); the mount negotiates CAP_ASYNC_DIO so that libaio,
+// io_uring and loop devices keep their queue depth.
+package fs
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dmfuse/dmfuse/stack"
+)
+
+// Options tune the mount.
+type Options struct {
+	// AllowOther lets users other than the mounting one use the files.
+	AllowOther bool
+	// Debug logs every FUSE request.
+	Debug bool
+	// MaxBackground caps the kernel's in-flight asynchronous requests; it
+	// bounds the queue depth a device can be driven at (default 256).
+	MaxBackground int
+}
+
+// Inode numbers of the fixed nodes; device nodes use 4*dev.Ino() + k.
+const (
+	inoStats     = 2
+	inoDiskstats = 3
+)
+
+// ttl is how long the kernel may cache entries and attributes; changes of a
+// device's size or name are pushed to the kernel explicitly.
+const ttl = time.Second
+
+// Mount mounts the devices of m on dir and returns the running server. The
+// caller waits with server.Wait and unmounts with server.Unmount.
+func Mount(dir string, m *stack.Manager, o Options) (*fuse.Server, error) {
+	r := &root{mgr: m}
+	if o.MaxBackground <= 0 {
+		o.MaxBackground = 256
+	}
+	t := ttl
+	opts := &gofs.Options{
+		EntryTimeout: &t,
+		AttrTimeout:  &t,
+		MountOptions: fuse.MountOptions{
+			AllowOther:    o.AllowOther,
+			FsName:        "dmfuse",
+			Name:          "dmfuse",
+			Debug:         o.Debug,
+			MaxBackground: o.MaxBackground,
+			MaxWrite:      1 << 20,
+			DisableXAttrs: true,
+			// Device reads are answered from memory, never from a file
+			// descriptor: splicing buys nothing, and a 1 MiB read does not
+			// fit a default-sized pipe.
+			DisableSplice:     true,
+			ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_ATOMIC_O_TRUNC,
+		},
+	}
+	if os.Geteuid() == 0 {
+		opts.MountOptions.DirectMountStrict = true
+	} else {
+		opts.MountOptions.DirectMount = true
+	}
+	m.OnRemove = r.forget
+	m.OnChange = r.changed
+	srv, err := gofs.Mount(dir, r, opts)
+	if err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
+// root is the mount's top folder.
+type root struct {
+	gofs.Inode
+	mgr *stack.Manager
+}
+
+var (
+	_ gofs.NodeLookuper  = (*root)(nil)
+	_ gofs.NodeReaddirer = (*root)(nil)
+	_ gofs.NodeGetattrer = (*root)(nil)
+)
+
+func (r *root) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o755
+	return 0
+}
+
+// visible returns the device named name if it has a live table.
+func (r *root) visible(name string) *stack.Device {
+	d := r.mgr.Lookup(name)
+	if d == nil || d.Live() == nil {
+		return nil
+	}
+	return d
+}
+
+func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if name == "stats" {
+		out.Mode = syscall.S_IFDIR | 0o755
+		return r.NewInode(ctx, &statsDir{mgr: r.mgr}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: inoStats}), 0
+	}
+	d := r.visible(name)
+	if d == nil {
+		return nil, syscall.ENOENT
+	}
+	n := &devNode{dev: d}
+	n.fill(&out.Attr)
+	return r.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: 4 * d.Ino()}), 0
+}
+
+func (r *root) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
+	ents := []fuse.DirEntry{{Name: "stats", Mode: syscall.S_IFDIR, Ino: inoStats}}
+	for _, d := range r.mgr.Devices() {
+		if d.Live() != nil {
+			ents = append(ents, fuse.DirEntry{Name: d.Name(), Mode: syscall.S_IFREG, Ino: 4 * d.Ino()})
+		}
+	}
+	return gofs.NewListDirStream(ents), 0
+}
+
+// forget drops the kernel's cached entries of a removed device.
+func (r *root) forget(d *stack.Device) {
+	name := d.Name()
+	r.NotifyEntry(name)
+	if s := r.GetChild("stats"); s != nil {
+		s.NotifyEntry(name)
+	}
+}
+
+// changed pushes a device's new size (a new live table) to the kernel.
+func (r *root) changed(d *stack.Device) {
+	if c := r.GetChild(d.Name()); c != nil {
+		c.NotifyContent(0, 0)
+	}
+	r.NotifyEntry(d.Name())
+}
+
+// devNode is the file of one mapped device.
+type devNode struct {
+	gofs.Inode
+	dev *stack.Device
+}
+
+var (
+	_ gofs.NodeOpener    = (*devNode)(nil)
+	_ gofs.NodeReader    = (*devNode)(nil)
+	_ gofs.NodeWriter    = (*devNode)(nil)
+	_ gofs.NodeFsyncer   = (*devNode)(nil)
+	_ gofs.NodeFlusher   = (*devNode)(nil)
+	_ gofs.NodeReleaser  = (*devNode)(nil)
+	_ gofs.NodeAllocater = (*devNode)(nil)
+	_ gofs.NodeGetattrer = (*devNode)(nil)
+	_ gofs.NodeSetattrer = (*devNode)(nil)
+)
+
+var startTime = time.Now()
+
+func (n *devNode) fill(a *fuse.Attr) {
+	size := n.dev.Size()
+	a.Mode = syscall.S_IFREG | 0o660
+	if n.dev.ReadOnly() {
+		a.Mode = syscall.S_IFREG | 0o440
+	}
+	a.Size = uint64(size)
+	a.Blocks = uint64(size+511) / 512
+	a.Blksize = 4096
+	a.Nlink = 1
+	a.SetTimes(&startTime, &startTime, &startTime)
+}
+
+func (n *devNode) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr)
+	return 0
+}
+
+// Setattr refuses size changes: the size is fixed by the live table. Other
+// attribute changes are accepted and ignored.
+func (n *devNode) Setattr(_ context.Context, _ gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if sz, ok := in.GetSize(); ok && int64(sz) != n.dev.Size() {
+		return syscall.EPERM
+	}
+	n.fill(&out.Attr)
+	return 0
+}
+
+// handle marks an open of a device file, counted in the device's open count.
+type handle struct{}
+
+func (n *devNode) Open(_ context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && n.dev.ReadOnly() {
+		return nil, 0, syscall.EROFS
+	}
+	if n.dev.Live() == nil {
+		return nil, 0, syscall.ENXIO
+	}
+	n.dev.AddOpen(1)
+	return &handle{}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES, 0
+}
+
+func (n *devNode) Release(_ context.Context, f gofs.FileHandle) syscall.Errno {
+	if _, ok := f.(*handle); ok {
+		n.dev.AddOpen(-1)
+	}
+	return 0
+}
+
+func (n *devNode) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	k, err := n.dev.ReadAt(ctx, dest, off)
+	if err != nil {
+		return nil, gofs.ToErrno(err)
+	}
+	return fuse.ReadResultData(dest[:k]), 0
+}
+
+func (n *devNode) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	k, err := n.dev.WriteAt(ctx, data, off)
+	if err != nil && k == 0 {
+		return 0, gofs.ToErrno(err)
+	}
+	return uint32(k), 0
+}
+
+// Fsync is an empty flush that reaches every underlying device.
+func (n *devNode) Fsync(ctx context.Context, _ gofs.FileHandle, _ uint32) syscall.Errno {
+	return gofs.ToErrno(n.dev.Flush(ctx))
+}
+
+// Flush is the FLUSH of close(2): not I/O.
+func (n *devNode) Flush(context.Context, gofs.FileHandle) syscall.Errno { return 0 }
+
+const (
+	fallocKeepSize  = 0x01
+	fallocPunchHole = 0x02
+	fallocZeroRange = 0x10
+)
+
+// Allocate maps PUNCH_HOLE|KEEP_SIZE to a discard and ZERO_RANGE to
+// write-zeroes; a plain allocation inside the device succeeds, since the
+// device is fully provisioned.
+func (n *devNode) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	switch mode {
+	case fallocPunchHole | fallocKeepSize:
+		return gofs.ToErrno(n.dev.Discard(ctx, int64(off), int64(size)))
+	case fallocZeroRange, fallocZeroRange | fallocKeepSize:
+		return gofs.ToErrno(n.dev.WriteZeroes(ctx, int64(off), int64(size)))
+	case 0, fallocKeepSize:
+		if int64(off+size) > n.dev.Size() && mode == 0 {
+			return syscall.EPERM
+		}
+		return 0
+	}
+	return syscall.EOPNOTSUPP
+}

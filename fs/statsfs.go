@@ -1,0 +1,137 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stats"
+)
+
+// statsDir is MOUNTPOINT/stats: diskstats and one folder per device.
+type statsDir struct {
+	gofs.Inode
+	mgr *stack.Manager
+}
+
+var (
+	_ gofs.NodeLookuper  = (*statsDir)(nil)
+	_ gofs.NodeReaddirer = (*statsDir)(nil)
+)
+
+func (s *statsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if name == "diskstats" {
+		out.Mode = syscall.S_IFREG | 0o444
+		return s.NewInode(ctx, &textFile{render: s.diskstats}, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: inoDiskstats}), 0
+	}
+	d := s.mgr.Lookup(name)
+	if d == nil || d.Live() == nil {
+		return nil, syscall.ENOENT
+	}
+	out.Mode = syscall.S_IFDIR | 0o555
+	return s.NewInode(ctx, &devStatsDir{dev: d}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: 4*d.Ino() + 1}), 0
+}
+
+func (s *statsDir) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
+	ents := []fuse.DirEntry{{Name: "diskstats", Mode: syscall.S_IFREG, Ino: inoDiskstats}}
+	for _, d := range s.mgr.Devices() {
+		if d.Live() != nil {
+			ents = append(ents, fuse.DirEntry{Name: d.Name(), Mode: syscall.S_IFDIR, Ino: 4*d.Ino() + 1})
+		}
+	}
+	return gofs.NewListDirStream(ents), 0
+}
+
+// diskstats renders one line per device with a live table, sorted by name.
+func (s *statsDir) diskstats(b []byte) []byte {
+	for _, d := range s.mgr.Devices() {
+		if d.Live() == nil {
+			continue
+		}
+		snap := d.Disk().Snapshot()
+		b = stats.AppendDiskstats(b, stack.Major, d.Minor(), d.Name(), &snap)
+	}
+	return b
+}
+
+// devStatsDir is MOUNTPOINT/stats/NAME.
+type devStatsDir struct {
+	gofs.Inode
+	dev *stack.Device
+}
+
+var (
+	_ gofs.NodeLookuper  = (*devStatsDir)(nil)
+	_ gofs.NodeReaddirer = (*devStatsDir)(nil)
+)
+
+func (s *devStatsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	var render func([]byte) []byte
+	var ino uint64
+	switch name {
+	case "stat":
+		render, ino = func(b []byte) []byte {
+			snap := s.dev.Disk().Snapshot()
+			return stats.AppendStat(b, &snap)
+		}, 4*s.dev.Ino()+2
+	case "inflight":
+		render, ino = func(b []byte) []byte {
+			snap := s.dev.Disk().Snapshot()
+			return stats.AppendInflight(b, &snap)
+		}, 4*s.dev.Ino()+3
+	default:
+		return nil, syscall.ENOENT
+	}
+	out.Mode = syscall.S_IFREG | 0o444
+	return s.NewInode(ctx, &textFile{render: render}, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: ino}), 0
+}
+
+func (s *devStatsDir) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
+	return gofs.NewListDirStream([]fuse.DirEntry{
+		{Name: "inflight", Mode: syscall.S_IFREG, Ino: 4*s.dev.Ino() + 3},
+		{Name: "stat", Mode: syscall.S_IFREG, Ino: 4*s.dev.Ino() + 2},
+	}), 0
+}
+
+// textFile is a synthetic file whose content is rendered at open: every open
+// sees one consistent snapshot, and reads at any offset come from it. Its
+// st_size is 0, so it is opened with FOPEN_DIRECT_IO.
+type textFile struct {
+	gofs.Inode
+	render func([]byte) []byte
+}
+
+var (
+	_ gofs.NodeOpener    = (*textFile)(nil)
+	_ gofs.NodeReader    = (*textFile)(nil)
+	_ gofs.NodeGetattrer = (*textFile)(nil)
+)
+
+type snapshot struct{ data []byte }
+
+func (t *textFile) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFREG | 0o444
+	out.Nlink = 1
+	return 0
+}
+
+func (t *textFile) Open(_ context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EACCES
+	}
+	return &snapshot{data: t.render(nil)}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (t *textFile) Read(_ context.Context, f gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	s, ok := f.(*snapshot)
+	if !ok {
+		return nil, syscall.EBADF
+	}
+	if off >= int64(len(s.data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(s.data[off:min(int64(len(s.data)), off+int64(len(dest)))]), 0
+}

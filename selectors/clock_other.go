@@ -1,0 +1,5 @@
+//go:build !linux
+
+package selectors
+
+func monotonicBase() int64 { return fallbackBase }

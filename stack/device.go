@@ -1,0 +1,223 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/dmfuse/dmfuse/stats"
+)
+
+// Device is one mapped device: a name, a minor, a live table that I/O uses
+// and an inactive slot that load fills, a suspend gate and its own counters.
+// Its I/O methods make it a BlockDevice, which is how devices stack
+// in-process.
+type Device struct {
+	minor uint32
+	ino   uint64
+	disk  *stats.Disk
+
+	live atomic.Pointer[Table]
+	gate gate
+
+	opens   atomic.Int32 // open file handles (fs)
+	holders atomic.Int32 // live or inactive tables of other devices that stack on this one
+	events  atomic.Uint32
+
+	// mu serialises control operations and guards the fields in it.
+	mu struct {
+		sync.Mutex
+		name      string
+		uuid      string
+		readOnly  bool
+		inactive  *Table
+		suspended bool
+		removed   bool
+	}
+	// onChange is called after the live table or the name changed (fs
+	// invalidates its caches); set by the manager.
+	onChange func(*Device)
+}
+
+var _ BlockDevice = (*Device)(nil)
+
+func newDevice(name, uuid string, minor uint32, ino uint64, readOnly bool, clock Clock) *Device {
+	d := &Device{minor: minor, ino: ino, disk: stats.NewDisk(clock)}
+	d.gate.init()
+	d.mu.name, d.mu.uuid, d.mu.readOnly = name, uuid, readOnly
+	return d
+}
+
+// Name returns the device's current name.
+func (d *Device) Name() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.name
+}
+
+// UUID returns the device's uuid ("" if none).
+func (d *Device) UUID() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.uuid
+}
+
+// Minor returns the device's minor number (major is always 253).
+func (d *Device) Minor() uint32 { return d.minor }
+
+// Ino is a number unique to this device for the daemon's lifetime.
+func (d *Device) Ino() uint64 { return d.ino }
+
+// Disk returns the device's I/O counters.
+func (d *Device) Disk() *stats.Disk { return d.disk }
+
+// ReadOnly reports whether the device refuses writes.
+func (d *Device) ReadOnly() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.readOnly
+}
+
+// Live returns the live table, nil if there is none.
+func (d *Device) Live() *Table { return d.live.Load() }
+
+// Size is the live table's size in bytes (0 without a table).
+func (d *Device) Size() int64 {
+	if t := d.live.Load(); t != nil {
+		return t.size
+	}
+	return 0
+}
+
+// OpenCount is the number of open handles on the device file plus the
+// tables that stack on it.
+func (d *Device) OpenCount() int32 { return d.opens.Load() + d.holders.Load() }
+
+// AddOpen adjusts the count of open handles (the fs layer calls it on open
+// and release).
+func (d *Device) AddOpen(n int32) { d.opens.Add(n) }
+
+// EventNr is the device's event counter.
+func (d *Device) EventNr() uint32 { return d.events.Load() }
+
+// RaiseEvent increments the event counter (a target's table event).
+func (d *Device) RaiseEvent() { d.events.Add(1) }
+
+// Suspended reports whether the device is suspended.
+func (d *Device) Suspended() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.suspended
+}
+
+// Inactive returns the inactive table, nil if there is none.
+func (d *Device) Inactive() *Table {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.inactive
+}
+
+// enter admits one request through the gate and returns the live table.
+func (d *Device) enter(ctx context.Context) (*Table, int, error) {
+	i, err := d.gate.enter(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	t := d.live.Load()
+	if t == nil {
+		d.gate.exit(i)
+		return nil, 0, syscall.ENXIO
+	}
+	return t, i, nil
+}
+
+// ReadAt reads from the device. A read that reaches past the end is short
+// and one at or past the end reads nothing; neither is an error.
+func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	t, g, err := d.enter(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer d.gate.exit(g)
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	if off >= t.size {
+		return 0, nil
+	}
+	if rem := t.size - off; int64(len(p)) > rem {
+		p = p[:rem]
+	}
+	return t.rw(ctx, d.disk, ioRead, p, off)
+}
+
+// WriteAt writes to the device. A write crossing the end is short; one
+// starting at or past the end fails with ENOSPC; a read-only device gives EROFS.
+func (d *Device) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	t, g, err := d.enter(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer d.gate.exit(g)
+	if t.readOnly {
+		return 0, syscall.EROFS
+	}
+	if off < 0 {
+		return 0, syscall.EINVAL
+	}
+	if off >= t.size {
+		if len(p) == 0 {
+			return 0, nil
+		}
+		return 0, syscall.ENOSPC
+	}
+	if rem := t.size - off; int64(len(p)) > rem {
+		p = p[:rem]
+	}
+	return t.rw(ctx, d.disk, ioWrite, p, off)
+}
+
+// Flush sends an empty flush to every target (and so to every underlying
+// device) and waits for it.
+func (d *Device) Flush(ctx context.Context) error {
+	t, g, err := d.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer d.gate.exit(g)
+	return t.flush(ctx, d.disk)
+}
+
+// Discard discards [off, off+n), clipped to the device.
+func (d *Device) Discard(ctx context.Context, off, n int64) error {
+	return d.span(ctx, ioDiscard, off, n)
+}
+
+// WriteZeroes zeroes [off, off+n), clipped to the device.
+func (d *Device) WriteZeroes(ctx context.Context, off, n int64) error {
+	return d.span(ctx, ioZeroes, off, n)
+}
+
+func (d *Device) span(ctx context.Context, k ioKind, off, n int64) error {
+	t, g, err := d.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer d.gate.exit(g)
+	if t.readOnly {
+		return syscall.EROFS
+	}
+	if off < 0 || n < 0 {
+		return syscall.EINVAL
+	}
+	if off >= t.size {
+		return nil
+	}
+	n = min(n, t.size-off)
+	return t.span(ctx, d.disk, k, off, n)
+}
+
+// ErrNoTable is returned by operations that need a table the device lacks.
+var ErrNoTable = errors.New("no table")

@@ -1,0 +1,278 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// maxTargets is the most lines one table may have (DM_MAX_TARGETS).
+const maxTargets = 1 << 20
+
+// Line is one parsed table line: `<start> <len> <type> <params>`.
+type Line struct {
+	// N is the 1-based line number in the table text.
+	N          int
+	Start, Len uint64 // sectors
+	Type       string
+	// Params is the parameter string after the type, with any `#` comment cut.
+	Params string
+}
+
+// TableError is a failure to parse or build one line of a table. It prints
+// as "line N: TYPE: reason", the parts that apply.
+type TableError struct {
+	Line   int
+	Target string
+	Err    error
+}
+
+func (e *TableError) Error() string {
+	var b strings.Builder
+	if e.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Target != "" {
+		b.WriteString(e.Target)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+func (e *TableError) Unwrap() error { return e.Err }
+
+// ParseTable reads table text as dmsetup does (spec §1.1): each line is
+// trimmed, empty lines and lines starting with `#` are skipped, the first
+// three fields are start, length and type, and the rest of the line, cut at
+// any `#`, is the parameter string. It checks only the syntax; the rules of
+// spec §1.2 are checked by Build.
+func ParseTable(text string) ([]Line, error) {
+	var lines []Line
+	for i, raw := range strings.Split(text, "\n") {
+		s := strings.TrimSpace(raw)
+		if s == "" || s[0] == '#' {
+			continue
+		}
+		f1, rest := cutField(s)
+		f2, rest := cutField(rest)
+		f3, rest := cutField(rest)
+		if f3 == "" {
+			return nil, &TableError{Line: i + 1, Err: Errorf("Invalid format on line %d", i+1)}
+		}
+		start, err1 := strconv.ParseUint(f1, 10, 64)
+		n, err2 := strconv.ParseUint(f2, 10, 64)
+		if err1 != nil || err2 != nil {
+			return nil, &TableError{Line: i + 1, Err: Errorf("Invalid format on line %d", i+1)}
+		}
+		if j := strings.IndexByte(rest, '#'); j >= 0 {
+			rest = rest[:j]
+		}
+		lines = append(lines, Line{N: i + 1, Start: start, Len: n, Type: f3,
+			Params: strings.TrimRight(rest, " \t\r\v\f")})
+	}
+	return lines, nil
+}
+
+// cutField returns the first whitespace-separated field of s and the rest
+// after the whitespace that follows it.
+func cutField(s string) (field, rest string) {
+	s = strings.TrimLeft(s, " \t\r\v\f")
+	i := strings.IndexAny(s, " \t\r\v\f")
+	if i < 0 {
+		return s, ""
+	}
+	return s[:i], strings.TrimLeft(s[i:], " \t\r\v\f")
+}
+
+// segment is one live target of a table; offsets in bytes.
+type segment struct {
+	start, end int64 // bytes, [start, end)
+	line       Line
+	typ        *TargetType
+	target     Target
+	maxIO      int64
+	atMap      bool // MapAccounter
+}
+
+// Table is a constructed, immutable table: its targets in order and the
+// devices they opened. Once live it is shared by concurrent I/O.
+type Table struct {
+	segs     []segment
+	size     int64 // bytes
+	readOnly bool
+	devs     []BlockDevice // opened through Ctor.Open, closed with the table
+	deps     []*Device     // mapped devices among devs
+}
+
+// BuildOptions carries what constructors need besides the text.
+type BuildOptions struct {
+	Registry *Registry
+	ReadOnly bool
+	Clock    Clock
+	Context  context.Context
+	// Open resolves a device argument; Build records what it returns and
+	// closes it with the table (if it implements io.Closer).
+	Open func(arg string) (BlockDevice, error)
+	// Previous is the device's current live table, if any (immutable-type
+	// rule on reload).
+	Previous *Table
+	// Event raises a table event on the device being built for.
+	Event func()
+}
+
+// Build checks lines against the rules of spec §1.2 in the kernel's order and
+// constructs every target. On any error it destroys what it built and returns a
+// *TableError naming the line.
+func Build(lines []Line, o BuildOptions) (t *Table, err error) {
+	if len(lines) == 0 {
+		return nil, &TableError{Err: Errorf("no targets specified")}
+	}
+	if len(lines) > maxTargets {
+		return nil, &TableError{Err: &ArgError{Reason: "too many targets", Errno: syscall.EOVERFLOW}}
+	}
+	t = &Table{readOnly: o.ReadOnly}
+	defer func() {
+		if err != nil {
+			t.Close()
+			t = nil
+		}
+	}()
+	var next uint64
+	var immutable *TargetType
+	for _, l := range lines {
+		fail := func(e error) error { return &TableError{Line: l.N, Target: l.Type, Err: e} }
+		if l.Len == 0 {
+			return t, fail(Errorf("zero-length target"))
+		}
+		if l.Start+l.Len < l.Start || l.Start+l.Len > maxSectors {
+			return t, fail(Errorf("too large device"))
+		}
+		typ, ok := o.Registry.Lookup(l.Type)
+		if !ok {
+			return t, fail(Errorf("unknown target type"))
+		}
+		if typ.Singleton && len(lines) > 1 {
+			return t, fail(Errorf("singleton target type must appear alone in table"))
+		}
+		if immutable != nil && typ != immutable || typ.Immutable && len(t.segs) > 0 && t.segs[0].typ != typ {
+			return t, fail(Errorf("immutable target type cannot be mixed with other target types"))
+		}
+		if typ.Immutable {
+			immutable = typ
+		}
+		if l.Start != next {
+			return t, fail(Errorf("Gap in table"))
+		}
+		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event,
+			Open: func(arg string) (BlockDevice, error) {
+				d, err := o.Open(arg)
+				if err != nil {
+					return nil, err
+				}
+				t.devs = append(t.devs, d)
+				if md, ok := d.(interface{ mapped() *Device }); ok {
+					t.deps = append(t.deps, md.mapped())
+				}
+				return d, nil
+			}}
+		tg, err := typ.New(ctor, SplitArgs(l.Params))
+		if err != nil {
+			return t, fail(err)
+		}
+		seg := segment{start: int64(l.Start) * SectorSize, end: int64(l.Start+l.Len) * SectorSize, line: l, typ: typ, target: tg}
+		if m, ok := tg.(MaxIOer); ok {
+			seg.maxIO = m.MaxIO()
+		}
+		_, seg.atMap = tg.(MapAccounter)
+		t.segs = append(t.segs, seg)
+		next = l.Start + l.Len
+	}
+	if p := o.Previous; p != nil && len(p.segs) > 0 && p.segs[0].typ.Immutable {
+		if pt := p.segs[0].typ; !(len(t.segs) > 0 && (t.segs[0].typ == pt || t.segs[0].typ.Wildcard)) {
+			return t, &TableError{Line: t.segs[0].line.N, Target: t.segs[0].line.Type, Err: Errorf("can't replace immutable target type %s", pt.Name)}
+		}
+	}
+	t.size = int64(next) * SectorSize
+	return t, nil
+}
+
+// Size is the table's length in bytes.
+func (t *Table) Size() int64 { return t.size }
+
+// Sectors is the table's length in sectors.
+func (t *Table) Sectors() int64 { return t.size / SectorSize }
+
+// NumTargets is the number of lines.
+func (t *Table) NumTargets() int { return len(t.segs) }
+
+// ReadOnly reports whether the table was built for a read-only device.
+func (t *Table) ReadOnly() bool { return t.readOnly }
+
+// Deps returns the mapped devices the table stacks on.
+func (t *Table) Deps() []*Device { return t.deps }
+
+// Devices returns every device the table opened.
+func (t *Table) Devices() []BlockDevice { return t.devs }
+
+// Targets calls f for each target with its start and length in sectors and
+// its type.
+func (t *Table) Targets(f func(start, n int64, typ *TargetType, tg Target)) {
+	for i := range t.segs {
+		s := &t.segs[i]
+		f(s.start/SectorSize, (s.end-s.start)/SectorSize, s.typ, s.target)
+	}
+}
+
+// Format prints the table as `dmfuse table` (StatusTable) or `dmfuse status`
+// (StatusInfo) do: one line per target, `<start> <len> <type> <params>\n`.
+func (t *Table) Format(st StatusType) string {
+	var b strings.Builder
+	for i := range t.segs {
+		s := &t.segs[i]
+		fmt.Fprintf(&b, "%d %d %s %s\n", s.start/SectorSize, (s.end-s.start)/SectorSize, s.typ.Name, s.target.Status(st))
+	}
+	return b.String()
+}
+
+// Close destroys every target and closes the devices the table opened.
+func (t *Table) Close() error {
+	var first error
+	for i := range t.segs {
+		if err := t.segs[i].target.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	for _, d := range t.devs {
+		if c, ok := d.(interface{ Close() error }); ok {
+			if err := c.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	t.segs, t.devs = nil, nil
+	return first
+}
+
+// find returns the index of the segment holding byte off (off < size).
+func (t *Table) find(off int64) int {
+	if len(t.segs) == 1 {
+		return 0
+	}
+	return sort.Search(len(t.segs), func(i int) bool { return t.segs[i].end > off })
+}
+
+// TargetAt returns the target covering sector, for message routing.
+func (t *Table) TargetAt(sector int64) (Target, *TargetType, error) {
+	if sector < 0 || sector >= t.Sectors() {
+		return nil, nil, Errorf("Target message sector outside device")
+	}
+	s := &t.segs[t.find(sector*SectorSize)]
+	return s.target, s.typ, nil
+}
+
+// ErrNoMessages is the answer of a target that takes no messages.
+var ErrNoMessages = Errorf("Target type does not support messages")

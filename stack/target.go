@@ -1,0 +1,245 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"syscall"
+)
+
+// SectorSize is the size of a device-mapper sector in bytes. Every start, length
+// and offset in table text is in sectors; inside dmfuse offsets are bytes.
+const SectorSize = 512
+
+// StatusType selects which form of its status a target returns.
+type StatusType int
+
+const (
+	// StatusInfo is the form printed by `dmfuse status` (dm's STATUSTYPE_INFO).
+	StatusInfo StatusType = iota
+	// StatusTable is the form printed by `dmfuse table` (dm's STATUSTYPE_TABLE);
+	// it must be accepted back by the target's constructor.
+	StatusTable
+)
+
+// Target is one constructed table line. Offsets are bytes relative to the start
+// of the target's segment, and the table never hands a target a range that
+// crosses the segment's end or the target's MaxIO boundary. Every method may be
+// called concurrently, as with io.ReaderAt.
+//
+// A method returns the number of bytes transferred and an error; a short count
+// without an error is not allowed. Errors should wrap a syscall.Errno (EIO, ...).
+type Target interface {
+	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
+	WriteAt(ctx context.Context, p []byte, off int64) (int, error)
+	// Status returns the target's parameter string without the
+	// "<start> <len> <type> " prefix.
+	Status(t StatusType) string
+	// Close releases what the constructor acquired, other than the devices
+	// opened through Ctor.Open, which the table owns.
+	Close() error
+}
+
+// Flusher is implemented by targets that pass flushes (fsync) down. A target
+// without it completes a flush at once with success (dm sends no flush to zero
+// and error).
+type Flusher interface {
+	Flush(ctx context.Context) error
+}
+
+// Discarder is implemented by targets that handle discards (fallocate
+// PUNCH_HOLE). A target without it fails a discard with EOPNOTSUPP.
+type Discarder interface {
+	Discard(ctx context.Context, off, n int64) error
+}
+
+// ZeroWriter is implemented by targets that handle write-zeroes (fallocate
+// ZERO_RANGE). A target without it fails write-zeroes with EOPNOTSUPP.
+type ZeroWriter interface {
+	WriteZeroes(ctx context.Context, off, n int64) error
+}
+
+// Messager is implemented by targets that take messages (`dmfuse message`).
+// A target without it answers "Target type does not support messages" (EINVAL).
+type Messager interface {
+	Message(ctx context.Context, args []string) (string, error)
+}
+
+// Presuspender is implemented by targets with a presuspend hook (dm-delay
+// releases its queue there). noflush is true for `suspend --noflush`.
+type Presuspender interface {
+	Presuspend(noflush bool)
+}
+
+// Postsuspender is implemented by targets with a postsuspend hook.
+type Postsuspender interface {
+	Postsuspend()
+}
+
+// Preresumer is implemented by targets whose preresume hook may refuse the resume.
+type Preresumer interface {
+	Preresume() error
+}
+
+// Resumer is implemented by targets with a resume hook.
+type Resumer interface {
+	Resume()
+}
+
+// MaxIOer is implemented by targets whose I/O the core must split, like dm's
+// max_io_len: no piece handed to the target crosses a multiple of MaxIO()
+// bytes, counted from the start of the segment (striped: one chunk; dust: one
+// block).
+type MaxIOer interface {
+	MaxIO() int64
+}
+
+// MapAccounter is implemented by targets that decide, at map time, whether an
+// I/O is passed on or killed (error, flakey, dust, delay, multipath). For such a
+// target the device does not start accounting before calling it; the target
+// calls StartAccounting(ctx) when it passes the piece on or completes it
+// itself. A piece that returns an error without accounting started was killed
+// at map time and is not counted at all (spec §4.4); one that succeeds without
+// it is counted at completion.
+type MapAccounter interface {
+	AccountsAtMap()
+}
+
+// DeviceLister is implemented by targets that reference underlying devices; it
+// lets the table list them (dependencies, `dmfuse ls --tree`).
+type DeviceLister interface {
+	Devices() []BlockDevice
+}
+
+// BlockDevice is an underlying device: a backing file, a block device or
+// another mapped device of the same daemon. Offsets and sizes are bytes.
+type BlockDevice interface {
+	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
+	WriteAt(ctx context.Context, p []byte, off int64) (int, error)
+	Flush(ctx context.Context) error
+	Discard(ctx context.Context, off, n int64) error
+	WriteZeroes(ctx context.Context, off, n int64) error
+	// Size is the device's size in bytes.
+	Size() int64
+	// Name is how table and status print the device: a mapped device's
+	// name, a file's absolute path, or MAJOR:MINOR.
+	Name() string
+}
+
+// Ctor is what a target constructor gets besides its arguments.
+type Ctor struct {
+	// Begin and Len are the segment's start and length in sectors.
+	Begin, Len int64
+	// ReadOnly is set for tables of read-only devices.
+	ReadOnly bool
+	// Clock is the daemon's monotonic clock.
+	Clock Clock
+	// Open resolves a device argument (interface.md §4). The table owns what it
+	// returns and closes it with the table.
+	Open func(arg string) (BlockDevice, error)
+	// Context is the daemon's long-lived context, for constructors that start
+	// goroutines.
+	Context context.Context
+	// Event raises a table event on the device (its event counter goes up).
+	Event func()
+}
+
+// Clock returns monotonic nanoseconds. Targets whose behaviour depends on time
+// take it from Ctor.Clock so that tests can drive them with a manual clock.
+type Clock interface{ Nanotime() int64 }
+
+// TargetType describes one target type: its name, version and constructor.
+type TargetType struct {
+	Name    string
+	Version [3]int
+	// Singleton types must be alone in a table; Immutable types cannot be
+	// mixed with other types and cannot be replaced by another type on reload
+	// (except by a Wildcard type). Multipath is both; error is Wildcard.
+	Singleton, Immutable, Wildcard bool
+	// New constructs a target from its arguments. Errors are *ArgError or
+	// plain errors carrying the reason in dm's words.
+	New func(c *Ctor, args []string) (Target, error)
+}
+
+// ArgError is a constructor failure: the reason, in dm's words (ti->error),
+// and the errno the kernel would return (EINVAL when zero).
+type ArgError struct {
+	Reason string
+	Errno  syscall.Errno
+}
+
+func (e *ArgError) Error() string { return e.Reason }
+
+// Unwrap returns the errno.
+func (e *ArgError) Unwrap() error {
+	if e.Errno == 0 {
+		return syscall.EINVAL
+	}
+	return e.Errno
+}
+
+// Errorf returns an *ArgError with a formatted reason and errno EINVAL.
+func Errorf(format string, a ...any) error {
+	return &ArgError{Reason: fmt.Sprintf(format, a...)}
+}
+
+// Registry is a set of target types by name.
+type Registry struct {
+	mu    sync.RWMutex
+	types map[string]*TargetType
+}
+
+// NewRegistry returns a registry holding the given types; a duplicate name is
+// an error.
+func NewRegistry(types ...*TargetType) (*Registry, error) {
+	r := &Registry{types: make(map[string]*TargetType)}
+	for _, t := range types {
+		if err := r.Register(t); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Register adds a type; a second type of the same name is refused (EEXIST).
+func (r *Registry) Register(t *TargetType) error {
+	if t.Name == "" || len(t.Name) > 15 {
+		return fmt.Errorf("target type name %q: must be 1 to 15 bytes", t.Name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.types[t.Name]; ok {
+		return fmt.Errorf("target type %q: %w", t.Name, syscall.EEXIST)
+	}
+	r.types[t.Name] = t
+	return nil
+}
+
+// Lookup finds a type by name.
+func (r *Registry) Lookup(name string) (*TargetType, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	t, ok := r.types[name]
+	return t, ok
+}
+
+// Types returns every registered type, sorted by name.
+func (r *Registry) Types() []*TargetType {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*TargetType, 0, len(r.types))
+	for _, t := range r.types {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// FormatVersion prints a type as `dmsetup targets` does.
+func (t *TargetType) FormatVersion() string {
+	return fmt.Sprintf("%-16s v%d.%d.%d", t.Name, t.Version[0], t.Version[1], t.Version[2])
+}
+
+// ErrNotSupported is returned for operations a target does not implement.
+var ErrNotSupported = syscall.EOPNOTSUPP

@@ -1,0 +1,95 @@
+package stats
+
+import (
+	"sync/atomic"
+	"testing"
+)
+
+// sharedDisk is the baseline for the benchmarks: the same accounting with one
+// shared set of atomic counters, as the kernel's bio-based in-flight counters
+// were before they went per-CPU. Every I/O writes the same cache lines.
+type sharedDisk struct {
+	clock    Clock
+	stamp    atomic.Int64
+	ioTicks  atomic.Uint64
+	inflight [2]atomic.Int64
+	ios      [NumGroups]atomic.Uint64
+	sectors  [NumGroups]atomic.Uint64
+	nsecs    [NumGroups]atomic.Uint64
+	hist     [NumGroups][NumBuckets]atomic.Uint64
+}
+
+func (d *sharedDisk) updateIOTicks(now int64, end bool) {
+	stamp := d.stamp.Load()
+	if now > stamp && d.stamp.CompareAndSwap(stamp, now) {
+		if end || d.inflight[0].Load()+d.inflight[1].Load() > 0 {
+			d.ioTicks.Add(uint64(now - stamp))
+		}
+	}
+}
+
+func (d *sharedDisk) Start(op Op, startNs int64) {
+	d.updateIOTicks(startNs/TickNs, false)
+	d.inflight[op.dir()].Add(1)
+}
+
+func (d *sharedDisk) Done(op Op, sectors uint64, startNs int64) {
+	now := d.clock.Nanotime()
+	d.updateIOTicks(now/TickNs, true)
+	g := op.Group()
+	dur := max(now-startNs, 0)
+	d.ios[g].Add(1)
+	d.hist[g][bucketOf(dur)].Add(1)
+	d.sectors[g].Add(sectors)
+	d.nsecs[g].Add(uint64(dur))
+	d.inflight[op.dir()].Add(-1)
+}
+
+type accounter interface {
+	Start(op Op, startNs int64)
+	Done(op Op, sectors uint64, startNs int64)
+}
+
+// benchStartDone measures one I/O's accounting (clock read, Start, Done) with
+// b.RunParallel; run with -cpu 1,2,4,8 to see how it scales.
+func benchStartDone(b *testing.B, a accounter, clock Clock) {
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			t0 := clock.Nanotime()
+			a.Start(Read, t0)
+			a.Done(Read, 8, t0)
+		}
+	})
+}
+
+func BenchmarkStartDone(b *testing.B) {
+	b.Run("sharded", func(b *testing.B) {
+		benchStartDone(b, NewDisk(SystemClock), SystemClock)
+	})
+	b.Run("shared", func(b *testing.B) {
+		benchStartDone(b, &sharedDisk{clock: SystemClock}, SystemClock)
+	})
+}
+
+// The same without the cost of reading the system clock (a fixed fake clock),
+// so that only the counters are measured.
+func BenchmarkStartDoneCounters(b *testing.B) {
+	c := new(fakeClock)
+	c.setMs(1)
+	b.Run("sharded", func(b *testing.B) { benchStartDone(b, NewDisk(c), c) })
+	b.Run("shared", func(b *testing.B) { benchStartDone(b, &sharedDisk{clock: c}, c) })
+}
+
+// BenchmarkSnapshot is the cost of one read of the counters (a stats file
+// read or a scrape), which sums every shard.
+func BenchmarkSnapshot(b *testing.B) {
+	d := NewDisk(SystemClock)
+	d.Start(Read, d.Now())
+	b.ReportAllocs()
+	var buf []byte
+	for b.Loop() {
+		s := d.Snapshot()
+		buf = AppendDiskstats(buf[:0], Major, 0, "linear0", &s)
+	}
+}

@@ -1,0 +1,388 @@
+package stats
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// fakeClock is a Clock that tests move by hand.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) Nanotime() int64     { return c.ns.Load() }
+func (c *fakeClock) setMs(ms int64)      { c.ns.Store(msNs(ms)) }
+func (c *fakeClock) set(d time.Duration) { c.ns.Store(int64(d)) }
+func (c *fakeClock) add(d time.Duration) { c.ns.Add(int64(d)) }
+
+func msNs(ms int64) int64 { return ms * int64(time.Millisecond) }
+
+func newFake() (*fakeClock, *Disk) {
+	c := new(fakeClock)
+	return c, NewDisk(c)
+}
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("%s:\ngot  %q\nwant %q", name, got, want)
+	}
+}
+
+// doIO does one piece from startMs to endMs on the fake clock.
+func doIO(c *fakeClock, d *Disk, op Op, sectors uint64, startMs, endMs int64) {
+	c.setMs(startMs)
+	d.Start(op, msNs(startMs))
+	c.setMs(endMs)
+	d.Done(op, sectors, msNs(startMs))
+}
+
+func checkFiles(t *testing.T, step string, d *Disk) {
+	t.Helper()
+	s := d.Snapshot()
+	golden(t, step+".diskstats.golden", AppendDiskstats(nil, Major, 0, "linear0", &s))
+	golden(t, step+".stat.golden", AppendStat(nil, &s))
+	golden(t, step+".inflight.golden", AppendInflight(nil, &s))
+}
+
+// TestWorkedExample reproduces spec §5.5 A to C byte for byte.
+func TestWorkedExample(t *testing.T) {
+	c, d := newFake()
+
+	// A: four sequential 8-sector reads, 3 ms each, 2 ms apart.
+	for _, t0 := range []int64{100, 105, 110, 115} {
+		doIO(c, d, Read, 8, t0, t0+3)
+	}
+	checkFiles(t, "A", d)
+
+	// B: four reads issued together at 200, read at 205, completed at 210.
+	c.setMs(200)
+	for range 4 {
+		d.Start(Read, msNs(200))
+	}
+	c.setMs(205)
+	checkFiles(t, "B205", d)
+	c.setMs(210)
+	for range 4 {
+		d.Done(Read, 8, msNs(200))
+	}
+	checkFiles(t, "B210", d)
+
+	// C: a 16-sector write 300->302, then an empty flush 302->303.
+	doIO(c, d, Write, 16, 300, 302)
+	doIO(c, d, Flush, 0, 302, 303)
+	checkFiles(t, "C", d)
+}
+
+// Without the read at t=205, the end at 210 adds the 10 ms itself.
+func TestWorkedExampleNoReader(t *testing.T) {
+	c, d := newFake()
+	for _, t0 := range []int64{100, 105, 110, 115} {
+		doIO(c, d, Read, 8, t0, t0+3)
+	}
+	c.setMs(200)
+	for range 4 {
+		d.Start(Read, msNs(200))
+	}
+	c.setMs(210)
+	for range 4 {
+		d.Done(Read, 8, msNs(200))
+	}
+	s := d.Snapshot()
+	golden(t, "B210.diskstats.golden", AppendDiskstats(nil, Major, 0, "linear0", &s))
+}
+
+// A hung I/O shows busy time through readers alone, and none of it in
+// time_in_queue until it completes.
+func TestHungIOBusyThroughReaders(t *testing.T) {
+	c, d := newFake()
+	c.setMs(1000)
+	d.Start(Write, msNs(1000))
+	for _, at := range []int64{1500, 2000, 4000} {
+		c.setMs(at)
+		s := d.Snapshot()
+		f := s.Fields()
+		if f[9] != uint64(at-1000) {
+			t.Errorf("t=%d: io_ticks %d, want %d", at, f[9], at-1000)
+		}
+		if f[8] != 1 || f[10] != 0 || f[4] != 0 {
+			t.Errorf("t=%d: in flight %d, time_in_queue %d, writes %d; want 1, 0, 0", at, f[8], f[10], f[4])
+		}
+	}
+	c.setMs(5000)
+	d.Done(Write, 8, msNs(1000))
+	s := d.Snapshot()
+	f := s.Fields()
+	if f[9] != 4000 || f[10] != 4000 || f[7] != 4000 || f[4] != 1 || f[8] != 0 {
+		t.Errorf("after completion: %v", f)
+	}
+	// Idle time afterwards adds nothing, even when read.
+	c.setMs(9000)
+	if s := d.Snapshot(); s.IOTicks != 4000 {
+		t.Errorf("idle: io_ticks %d, want 4000", s.IOTicks)
+	}
+}
+
+// io_ticks counts the time with at least one I/O in flight, exact to a tick,
+// whatever the overlap, and does not count idle gaps (the 6.10 algorithm).
+func TestIOTicksOverlapAndGaps(t *testing.T) {
+	c, d := newFake()
+	// Two overlapping reads: 10..20 and 15..30, then a gap, then 50..51.
+	c.setMs(10)
+	d.Start(Read, msNs(10))
+	c.setMs(15)
+	d.Start(Read, msNs(15))
+	c.setMs(20)
+	d.Done(Read, 8, msNs(10))
+	c.setMs(30)
+	d.Done(Read, 8, msNs(15))
+	doIO(c, d, Read, 8, 50, 51)
+	s := d.Snapshot()
+	if s.IOTicks != 21 {
+		t.Errorf("io_ticks %d, want 21 (10..30 and 50..51)", s.IOTicks)
+	}
+	if got := s.Fields()[10]; got != 10+15+1 {
+		t.Errorf("time_in_queue %d, want 26", got)
+	}
+	// A sub-tick I/O that starts and ends within one tick on an idle device
+	// adds nothing (its start moves the stamp to that tick); one that crosses a
+	// tick boundary adds the tick.
+	c.set(100*time.Millisecond + 100*time.Microsecond)
+	t0 := c.Nanotime()
+	d.Start(Read, t0)
+	c.set(100*time.Millisecond + 300*time.Microsecond)
+	d.Done(Read, 1, t0)
+	if s = d.Snapshot(); s.IOTicks != 21 {
+		t.Errorf("io_ticks %d, want 21", s.IOTicks)
+	}
+	c.set(101*time.Millisecond + 900*time.Microsecond)
+	t0 = c.Nanotime()
+	d.Start(Read, t0)
+	c.set(102*time.Millisecond + 100*time.Microsecond)
+	d.Done(Read, 1, t0)
+	if s = d.Snapshot(); s.IOTicks != 22 {
+		t.Errorf("io_ticks %d, want 22", s.IOTicks)
+	}
+}
+
+// A piece that arrived before the stamp (a delayed I/O whose accounting starts
+// late) does not move the stamp back; its duration still counts from arrival.
+func TestStartInThePast(t *testing.T) {
+	c, d := newFake()
+	doIO(c, d, Read, 8, 100, 101) // stamp 101
+	c.setMs(120)
+	d.Start(Write, msNs(90)) // arrived at 90, started at 120
+	c.setMs(125)
+	d.Done(Write, 8, msNs(90))
+	s := d.Snapshot()
+	f := s.Fields()
+	if f[7] != 35 {
+		t.Errorf("write ms %d, want 35", f[7])
+	}
+	if s.IOTicks != 1+24 { // 100..101, then the end at 125 adds 125-101
+		t.Errorf("io_ticks %d, want 25", s.IOTicks)
+	}
+}
+
+// Durations are nanoseconds; each time field is floored separately, and field
+// 11 divides the sum once, so it can exceed the sum of the others.
+func TestTimeFieldsFloorAndOneDivision(t *testing.T) {
+	c, d := newFake()
+	for _, op := range []Op{Read, Write, Discard} {
+		c.set(0)
+		d.Start(op, 0)
+		c.set(1500 * time.Microsecond)
+		d.Done(op, 8, 0)
+	}
+	s := d.Snapshot()
+	f := s.Fields()
+	if f[3] != 1 || f[7] != 1 || f[14] != 1 || f[10] != 4 {
+		t.Errorf("read/write/discard ms %d %d %d, time_in_queue %d; want 1 1 1 4", f[3], f[7], f[14], f[10])
+	}
+	if s.Nsecs[GroupRead] != 1500000 {
+		t.Errorf("read ns %d", s.Nsecs[GroupRead])
+	}
+}
+
+// The time fields are truncated to 32 bits, the counters are not.
+func TestFieldTruncation(t *testing.T) {
+	s := Snapshot{}
+	s.IOs[GroupRead] = 1 << 40
+	s.Nsecs[GroupRead] = (1<<32 + 7) * 1e6
+	s.IOTicks = 1<<32 + 3
+	f := s.Fields()
+	if f[0] != 1<<40 || f[3] != 7 || f[9] != 3 || f[10] != 7 {
+		t.Errorf("fields %v", f)
+	}
+}
+
+// Discards are their own group but writes in flight; flushes are writes of 0
+// sectors; the flush fields stay 0.
+func TestGroupsAndDirections(t *testing.T) {
+	c, d := newFake()
+	c.setMs(10)
+	d.Start(Read, msNs(10))
+	d.Start(Discard, msNs(10))
+	d.Start(Flush, msNs(10))
+	d.Start(Write, msNs(10))
+	s := d.Snapshot()
+	if s.InFlight != [2]uint32{1, 3} || s.InFlightTotal != 4 {
+		t.Errorf("in flight %v total %d, want [1 3] 4", s.InFlight, s.InFlightTotal)
+	}
+	if r, w := d.InFlight(); r != 1 || w != 3 {
+		t.Errorf("InFlight() %d %d", r, w)
+	}
+	c.setMs(12)
+	d.Done(Read, 8, msNs(10))
+	d.Done(Discard, 2048, msNs(10))
+	d.Done(Flush, 0, msNs(10))
+	d.Done(Write, 16, msNs(10))
+	s = d.Snapshot()
+	got := string(AppendDiskstats(nil, Major, 3, "dev", &s))
+	want := " 253       3 dev 1 0 8 2 2 0 16 4 0 2 8 1 0 2048 2 0 0\n"
+	if got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	if string(AppendInflight(nil, &s)) != "       0        0\n" {
+		t.Errorf("inflight %q", AppendInflight(nil, &s))
+	}
+}
+
+// A sum that comes out negative (a piece ended on a shard read before the one
+// it started on) is clamped to 0.
+func TestInFlightClamp(t *testing.T) {
+	_, d := newFake()
+	d.shards[0].inflight[0].Add(-2)
+	d.shards[len(d.shards)-1].inflight[1].Add(1)
+	s := d.Snapshot()
+	if s.InFlight != [2]uint32{0, 1} || s.InFlightTotal != 0 {
+		t.Errorf("in flight %v total %d, want [0 1] 0", s.InFlight, s.InFlightTotal)
+	}
+}
+
+func TestBuckets(t *testing.T) {
+	for _, tc := range []struct {
+		ns   int64
+		want int
+	}{
+		{-5, 0}, {0, 0}, {1, 0}, {5000, 0}, {5001, 1}, {10000, 1}, {10001, 2},
+		{999_999, 7}, {1_000_000, 7}, {1_000_001, 8}, {10e9, NumBuckets - 2},
+		{10e9 + 1, NumBuckets - 1}, {1 << 62, NumBuckets - 1},
+	} {
+		if got := bucketOf(tc.ns); got != tc.want {
+			t.Errorf("bucketOf(%d) = %d, want %d", tc.ns, got, tc.want)
+		}
+	}
+	// Against a plain linear search for many values.
+	for ns := int64(1); ns < 1<<40; ns = ns*3/2 + 1 {
+		want := 0
+		for want < len(latencyBoundsNs) && ns > latencyBoundsNs[want] {
+			want++
+		}
+		if got := bucketOf(ns); got != want {
+			t.Fatalf("bucketOf(%d) = %d, want %d", ns, got, want)
+		}
+	}
+}
+
+func TestShardsPadded(t *testing.T) {
+	var s shard
+	if sz := int(unsafe.Sizeof(s)); sz%cacheLine != 0 || sz-int(unsafe.Sizeof(s.counters)) < cacheLine {
+		t.Errorf("shard size %d, counters %d", sz, unsafe.Sizeof(s.counters))
+	}
+	_, d := newFake()
+	if n := len(d.shards); n&(n-1) != 0 || n < 2 {
+		t.Errorf("%d shards", n)
+	}
+}
+
+// Many goroutines hammer the counters while others read; the final totals are
+// exact and in-flight returns to 0. Run with -race.
+func TestConcurrentExact(t *testing.T) {
+	d := NewDisk(nil)
+	begin := d.Now()
+	const workers, per = 8, 5000
+	var stop atomic.Bool
+	var readers sync.WaitGroup
+	for range 2 {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			var b []byte
+			for !stop.Load() {
+				s := d.Snapshot()
+				b = AppendDiskstats(b[:0], Major, 0, "x", &s)
+				b = AppendStat(b, &s)
+				b = AppendInflight(b, &s)
+				if s.InFlightTotal > 2*workers {
+					t.Errorf("in flight %d", s.InFlightTotal)
+					return
+				}
+			}
+		}()
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ops := []Op{Read, Write, Discard, Flush}
+			for i := range per {
+				op := ops[(w+i)%4]
+				t0 := d.Now()
+				d.Start(op, t0)
+				d.Done(op, uint64(i%8+1), t0)
+			}
+		}()
+	}
+	wg.Wait()
+	stop.Store(true)
+	readers.Wait()
+
+	s := d.Snapshot()
+	total := uint64(workers * per)
+	if s.IOs[GroupRead]+s.IOs[GroupWrite]+s.IOs[GroupDiscard] != total {
+		t.Errorf("ios %v, want total %d", s.IOs, total)
+	}
+	if s.IOs[GroupRead] != total/4 || s.IOs[GroupDiscard] != total/4 || s.IOs[GroupWrite] != total/2 {
+		t.Errorf("ios %v", s.IOs)
+	}
+	// Sectors: i%8+1 over each worker's i, split by op; check the total.
+	var sectors uint64 // every op was given i%8+1 sectors, flushes too
+	for range workers {
+		for i := range per {
+			sectors += uint64(i%8 + 1)
+		}
+	}
+	if got := s.Sectors[0] + s.Sectors[1] + s.Sectors[2]; got != sectors {
+		t.Errorf("sectors %d, want %d", got, sectors)
+	}
+	if s.InFlight != [2]uint32{0, 0} || s.InFlightTotal != 0 {
+		t.Errorf("in flight %v %d", s.InFlight, s.InFlightTotal)
+	}
+	if r, w := d.inflightRaw(); r != 0 || w != 0 {
+		t.Errorf("raw in flight %d %d", r, w)
+	}
+	// Busy time never exceeds the elapsed time (no util above 100%).
+	if elapsed := (d.Now()-begin)/TickNs + 1; s.IOTicks > uint64(elapsed) {
+		t.Errorf("io_ticks %d > elapsed %d ms", s.IOTicks, elapsed)
+	}
+}
