@@ -20,7 +20,20 @@ type statsDir struct {
 var (
 	_ gofs.NodeLookuper  = (*statsDir)(nil)
 	_ gofs.NodeReaddirer = (*statsDir)(nil)
+	_ gofs.NodeGetattrer = (*statsDir)(nil)
 )
+
+// dirAttr fills the attributes of a synthetic folder.
+func dirAttr(out *fuse.AttrOut, mode uint32) {
+	out.Mode = syscall.S_IFDIR | mode
+	out.Nlink = 2
+	out.SetTimes(&startTime, &startTime, &startTime)
+}
+
+func (s *statsDir) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	dirAttr(out, 0o755)
+	return 0
+}
 
 func (s *statsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if name == "diskstats" {
@@ -66,7 +79,13 @@ type devStatsDir struct {
 var (
 	_ gofs.NodeLookuper  = (*devStatsDir)(nil)
 	_ gofs.NodeReaddirer = (*devStatsDir)(nil)
+	_ gofs.NodeGetattrer = (*devStatsDir)(nil)
 )
+
+func (s *devStatsDir) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	dirAttr(out, 0o555)
+	return 0
+}
 
 func (s *devStatsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	var render func([]byte) []byte
@@ -115,6 +134,7 @@ type snapshot struct{ data []byte }
 func (t *textFile) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	out.Mode = syscall.S_IFREG | 0o444
 	out.Nlink = 1
+	out.SetTimes(&startTime, &startTime, &startTime)
 	return 0
 }
 
