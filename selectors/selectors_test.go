@@ -255,15 +255,14 @@ func TestRoundRobinOrder(t *testing.T) {
 
 func TestQueueLength(t *testing.T) {
 	_, s := newSel(t, "queue-length", nil, nil)
-	tr := s.(IOTracker)
-	ps := addPaths(t, s, []string{"A", "B", "C"})
+	addPaths(t, s, []string{"A", "B", "C"})
 	// All idle: ties rotate.
 	if got := pick(s, 4); got != "A B C A" {
 		t.Fatalf("idle order %q", got)
 	}
 	_, s = newSel(t, "queue-length", nil, nil)
-	tr = s.(IOTracker)
-	ps = addPaths(t, s, []string{"A", "B", "C"})
+	tr := s.(IOTracker)
+	ps := addPaths(t, s, []string{"A", "B", "C"})
 	tr.StartIO(ps[0], 1)
 	tr.StartIO(ps[0], 1)
 	tr.StartIO(ps[1], 1)

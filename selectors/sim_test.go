@@ -41,7 +41,7 @@ type stampMode int
 const (
 	// stampNs: one nanosecond clock for the selector and the stamps (dmfuse,
 	// and the kernel's bio mode since 5.19).
-	stampNs stampMode = iota
+	stampNs stampMode = iota // the zero value: legs without a mode
 	// stampTrunc: the selector's clock and the stamps are the same clock
 	// truncated to one tick (a clock that is merely coarse).
 	stampTrunc
@@ -102,7 +102,7 @@ var simLegs = []simLeg{
 	{name: "ST rt", typ: "service-time", per: func(i int) []string {
 		return []string{"1", fmt.Sprint(16 / simCosts[i])} // the real relative throughputs 16:4:2:1
 	}},
-	{name: "HST", typ: "historical-service-time"},
+	{name: "HST", typ: "historical-service-time", mode: stampNs},
 	{name: "HST 1ms", typ: "historical-service-time", mode: stampTrunc},
 	{name: "HST jif", typ: "historical-service-time", mode: stampJiffies},
 }
@@ -315,6 +315,9 @@ func legResult(tb testing.TB, res []simResult, name string) simResult {
 // bio-mode jiffies stamps must reproduce the seed's failure: every slow path
 // starved, and a deviation several times the nanosecond leg's.
 func TestSimulation(t *testing.T) {
+	if raceEnabled {
+		t.Skip("single-goroutine simulation, 20x slower under -race; run without -race")
+	}
 	cfg := simDefault
 	res := runLegs(t, cfg)
 	t.Logf("share of completions per path (%d I/Os after %d, depth %d, cost unit %v, HZ %d):\n%s",
@@ -355,8 +358,8 @@ func TestSimulation(t *testing.T) {
 // TestSimulationSweep prints the max deviation from Best for every leg at
 // several depths and clock resolutions (not asserted).
 func TestSimulationSweep(t *testing.T) {
-	if testing.Short() {
-		t.Skip("sweep")
+	if testing.Short() || raceEnabled {
+		t.Skip("sweep: skipped with -short and -race")
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "| depth | HZ   |")

@@ -1,0 +1,5 @@
+//go:build !race
+
+package selectors
+
+const raceEnabled = false
