@@ -12,12 +12,20 @@
 //
 // # Scalability
 //
-// The counters live in cache-line-padded shards, one picked at random for each
-// update, so that concurrent I/O on many cores does not write a shared cache
-// line (spec §4.6, and the per-CPU in-flight lesson of the device-mapper list:
-// shared in-flight counters cost a dm-linear device two thirds of its IOPS).
-// Shards are summed only when someone reads: Snapshot, and the io_ticks update,
-// which sums the in-flight counts at most once per tick per device.
+// The counters live in cache-line-padded shards, so that concurrent I/O on many
+// cores does not write a shared cache line (spec §4.6, and the per-CPU
+// in-flight lesson of the device-mapper list: shared in-flight counters cost a
+// dm-linear device two thirds of its IOPS). Shards are summed only when
+// someone reads: Snapshot, and the io_ticks update, which sums the in-flight
+// counts at most once per tick per device.
+//
+// A piece's shard is a hash of its start time (and op), which Start and Done
+// are both given: pieces starting at different nanoseconds spread over the
+// shards like random picks, but the +1 of Start and the -1 of Done of one piece
+// land on the same counter. So no shard's in-flight count is ever negative, and
+// a sum taken while pieces come and go is never negative either (unlike
+// per-CPU counters, whose pieces may end on another CPU); it is clamped at 0
+// all the same, as the kernel does.
 //
 // # io_ticks and time_in_queue
 //
@@ -32,7 +40,6 @@ package stats
 
 import (
 	"math/bits"
-	"math/rand/v2"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -170,7 +177,7 @@ type groupCounters struct {
 }
 
 type counters struct {
-	inflight [2]atomic.Int64 // reads, writes; may be negative in one shard
+	inflight [2]atomic.Int64 // reads, writes; never negative (see shardOf)
 	g        [NumGroups]groupCounters
 }
 
@@ -187,7 +194,7 @@ type shard struct {
 // concurrently.
 type Disk struct {
 	clock  Clock
-	mask   uint32
+	shift  uint // 64 - log2(len(shards))
 	shards []shard
 	_      [cacheLine]byte
 	// stamp (in ticks) is read by every Start and Done but written at most
@@ -199,8 +206,7 @@ type Disk struct {
 
 // shardCount returns the number of shards: the power of two at or above twice
 // the number of Ps (or of CPUs, if GOMAXPROCS is lower now and is raised
-// later), so that random picks by goroutines running at the same time seldom
-// collide.
+// later), so that goroutines running at the same time seldom share a shard.
 func shardCount() int {
 	p := 2 * max(runtime.GOMAXPROCS(0), runtime.NumCPU())
 	n := 1
@@ -216,16 +222,17 @@ func NewDisk(c Clock) *Disk {
 		c = SystemClock
 	}
 	n := shardCount()
-	return &Disk{clock: c, mask: uint32(n - 1), shards: make([]shard, n)}
+	return &Disk{clock: c, shift: uint(64 - bits.TrailingZeros(uint(n))), shards: make([]shard, n)}
 }
 
 // Now returns the disk clock's current time in nanoseconds.
 func (d *Disk) Now() int64 { return d.clock.Nanotime() }
 
-// pick returns a shard for one update. rand.Uint32 uses the runtime's
-// per-thread generator: no shared state.
-func (d *Disk) pick() *counters {
-	return &d.shards[rand.Uint32()&d.mask].counters
+// shardOf returns the shard of the piece of kind op that started at startNs:
+// the top bits of a Fibonacci hash, so that consecutive nanoseconds spread.
+func (d *Disk) shardOf(op Op, startNs int64) *counters {
+	h := (uint64(startNs) + uint64(op)) * 0x9E3779B97F4A7C15
+	return &d.shards[h>>d.shift].counters
 }
 
 // Start begins accounting of one piece that arrived at startNs (the disk
@@ -233,12 +240,13 @@ func (d *Disk) pick() *counters {
 // counts the piece in flight.
 func (d *Disk) Start(op Op, startNs int64) {
 	d.updateIOTicks(startNs/TickNs, false)
-	d.pick().inflight[op.dir()].Add(1)
+	d.shardOf(op, startNs).inflight[op.dir()].Add(1)
 }
 
-// Done ends accounting of one piece that Start counted, at the clock's current
-// time: it updates io_ticks, adds one completed I/O with its sectors and its
-// duration since startNs to op's group, and takes the piece out of flight.
+// Done ends accounting of one piece that Start counted, given the same op and
+// startNs, at the clock's current time: it updates io_ticks, adds one
+// completed I/O with its sectors and its duration since startNs to op's group,
+// and takes the piece out of flight.
 func (d *Disk) Done(op Op, sectors uint64, startNs int64) {
 	now := d.clock.Nanotime()
 	d.updateIOTicks(now/TickNs, true)
@@ -246,7 +254,7 @@ func (d *Disk) Done(op Op, sectors uint64, startNs int64) {
 	if dur < 0 {
 		dur = 0
 	}
-	s := d.pick()
+	s := d.shardOf(op, startNs)
 	g := &s.g[op.Group()]
 	g.hist[bucketOf(dur)].Add(1)
 	if sectors != 0 {
@@ -273,8 +281,9 @@ func (d *Disk) updateIOTicks(now int64, end bool) {
 	}
 }
 
-// inflightRaw sums the per-shard in-flight counts. Either sum may be
-// transiently negative while pieces start on one shard and end on another.
+// inflightRaw sums the per-shard in-flight counts. Each shard's count is
+// exact and never negative; the sum counts each piece that was in flight when
+// its shard was read.
 func (d *Disk) inflightRaw() (r, w int64) {
 	for i := range d.shards {
 		s := &d.shards[i]

@@ -266,8 +266,7 @@ func TestGroupsAndDirections(t *testing.T) {
 	}
 }
 
-// A sum that comes out negative (a piece ended on a shard read before the one
-// it started on) is clamped to 0.
+// A negative sum (which the one-shard-per-piece rule prevents) is clamped to 0.
 func TestInFlightClamp(t *testing.T) {
 	_, d := newFake()
 	d.shards[0].inflight[0].Add(-2)
@@ -275,6 +274,28 @@ func TestInFlightClamp(t *testing.T) {
 	s := d.Snapshot()
 	if s.InFlight != [2]uint32{0, 1} || s.InFlightTotal != 0 {
 		t.Errorf("in flight %v total %d, want [0 1] 0", s.InFlight, s.InFlightTotal)
+	}
+}
+
+// Pieces that start at different nanoseconds spread over the shards; a
+// piece's Start and Done use the same shard.
+func TestShardSpread(t *testing.T) {
+	_, d := newFake()
+	for i := range int64(64 * len(d.shards)) {
+		d.Start(Read, 1e9+i)
+	}
+	for i := range d.shards {
+		if n := d.shards[i].inflight[0].Load(); n < 16 || n > 112 {
+			t.Errorf("shard %d has %d of %d pieces", i, n, 64*len(d.shards))
+		}
+	}
+	for i := range int64(64 * len(d.shards)) {
+		d.Done(Read, 1, 1e9+i)
+	}
+	for i := range d.shards {
+		if n := d.shards[i].inflight[0].Load(); n != 0 {
+			t.Errorf("shard %d in flight %d", i, n)
+		}
 	}
 }
 
@@ -319,7 +340,7 @@ func TestShardsPadded(t *testing.T) {
 func TestConcurrentExact(t *testing.T) {
 	d := NewDisk(nil)
 	begin := d.Now()
-	const workers, per = 8, 5000
+	const workers, per, queue = 8, 5000, 64
 	var stop atomic.Bool
 	var readers sync.WaitGroup
 	for range 2 {
@@ -332,10 +353,36 @@ func TestConcurrentExact(t *testing.T) {
 				b = AppendDiskstats(b[:0], Major, 0, "x", &s)
 				b = AppendStat(b, &s)
 				b = AppendInflight(b, &s)
-				if s.InFlightTotal > 2*workers {
+				// Each piece starts and ends on one shard, so no sum
+				// is ever negative (no clamping needed).
+				if r, w := d.inflightRaw(); r < 0 || w < 0 {
+					t.Errorf("negative in-flight sum %d %d", r, w)
+					return
+				}
+				// At most workers+queued+completing pieces are in flight
+				// at once; a scan may see each once per shard.
+				if s.InFlightTotal > uint32((workers+queue+4)*len(d.shards)) {
 					t.Errorf("in flight %d", s.InFlightTotal)
 					return
 				}
+			}
+		}()
+	}
+	// Odd workers complete their pieces on other goroutines, as when an I/O
+	// ends on another thread than the one that started it.
+	type piece struct {
+		op      Op
+		sectors uint64
+		t0      int64
+	}
+	done := make(chan piece, queue)
+	var completers sync.WaitGroup
+	for range 4 {
+		completers.Add(1)
+		go func() {
+			defer completers.Done()
+			for p := range done {
+				d.Done(p.op, p.sectors, p.t0)
 			}
 		}()
 	}
@@ -349,11 +396,17 @@ func TestConcurrentExact(t *testing.T) {
 				op := ops[(w+i)%4]
 				t0 := d.Now()
 				d.Start(op, t0)
-				d.Done(op, uint64(i%8+1), t0)
+				if w%2 == 1 {
+					done <- piece{op, uint64(i%8 + 1), t0}
+				} else {
+					d.Done(op, uint64(i%8+1), t0)
+				}
 			}
 		}()
 	}
 	wg.Wait()
+	close(done)
+	completers.Wait()
 	stop.Store(true)
 	readers.Wait()
 
