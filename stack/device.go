@@ -26,7 +26,20 @@ type Device struct {
 	holders atomic.Int32 // live or inactive tables of other devices that stack on this one
 	events  atomic.Uint32
 
-	// mu serialises control operations and guards the fields in it.
+	// ctl serialises control operations (load, clear, suspend, resume,
+	// rename, remove, messages) on this device; it may be held while a
+	// suspend drains I/O, so nothing on the I/O path or in the fs layer takes
+	// it.
+	ctl sync.Mutex
+	// tmu makes retiring a table wait for readers of table contents (table,
+	// status, info, messages): readers hold it shared while they use a table
+	// pointer they loaded; retire takes it exclusively once, after the
+	// pointer is gone, before closing the table. I/O does not take it: the
+	// suspend gate already keeps I/O off a table that is swapped out.
+	tmu sync.RWMutex
+
+	// mu guards the fields in it; it is held only briefly, never while
+	// waiting for I/O.
 	mu struct {
 		sync.Mutex
 		name      string
@@ -80,8 +93,31 @@ func (d *Device) ReadOnly() bool {
 	return d.mu.readOnly
 }
 
-// Live returns the live table, nil if there is none.
+// Live returns the live table, nil if there is none. Reading the contents of
+// the table (Format, NumTargets, TargetAt) while control commands may run
+// needs WithTables.
 func (d *Device) Live() *Table { return d.live.Load() }
+
+// WithTables calls f with the live and inactive tables (either may be nil)
+// and guarantees that neither is closed until f returns. f must not call
+// control operations of d.
+func (d *Device) WithTables(f func(live, inactive *Table)) {
+	d.tmu.RLock()
+	defer d.tmu.RUnlock()
+	f(d.live.Load(), d.Inactive())
+}
+
+// retire closes a table that is no longer reachable from d, once every
+// reader that may still hold it (WithTables) is done.
+func (d *Device) retire(t *Table) {
+	if t == nil {
+		return
+	}
+	d.tmu.Lock()
+	//lint:ignore SA2001 an empty critical section is the barrier: it waits for readers of t.
+	d.tmu.Unlock()
+	t.Close()
+}
 
 // Size is the live table's size in bytes (0 without a table).
 func (d *Device) Size() int64 {

@@ -40,15 +40,29 @@ type Manager struct {
 	clock Clock
 	ctx   context.Context
 
+	// graph serialises building and installing tables, so that two
+	// concurrent loads cannot make devices stack on each other in a loop. It
+	// is taken after a device's control lock and before mu.
+	graph sync.Mutex
+
 	mu      sync.Mutex
 	byName  map[string]*Device
 	byMinor map[uint32]*Device
 	nextIno uint64
 
-	// Hooks the fs layer sets before devices are created.
+	// Hooks the fs layer sets before devices are created: OnAdd after a
+	// device is created, OnRemove after it is removed, OnChange after its
+	// live table or its name changed. They are called with no lock held.
 	OnAdd    func(*Device)
 	OnRemove func(*Device)
 	OnChange func(*Device)
+
+	// CoreMessage handles messages whose first word starts with `@` (dm's
+	// core messages, such as `@stats_create`), for any device state. It is
+	// called without the device's control lock, so it may suspend and resume
+	// the device itself. Unset, every such message fails with "Unsupported
+	// message sent to DM core" (EINVAL).
+	CoreMessage func(d *Device, args []string) (string, error)
 }
 
 // NewManager returns a manager that builds tables with reg. ctx lives as long
@@ -135,30 +149,47 @@ func (m *Manager) Create(o CreateOptions) (*Device, error) {
 	m.nextIno++
 	d := newDevice(o.Name, o.UUID, minor, m.nextIno, o.ReadOnly, m.clock)
 	d.onChange = m.changed
+	// Nobody can run a control operation on d before its table is live.
+	d.ctl.Lock()
 	m.byName[o.Name] = d
 	m.byMinor[minor] = d
 	m.mu.Unlock()
 
 	if !o.NoTable {
+		m.graph.Lock()
 		t, err := m.build(d, lines, o.ReadOnly, o.Dir)
 		if err == nil {
-			d.Load(t)
-			err = d.Resume()
+			d.loadLocked(t)
+		}
+		m.graph.Unlock()
+		if err == nil {
+			_, err = d.resumeLocked()
 		}
 		if err != nil {
-			m.drop(d)
+			m.unlink(d)
+			d.destroy()
+			d.ctl.Unlock()
 			return nil, &DeviceError{Name: o.Name, Err: err}
 		}
 	}
+	d.ctl.Unlock()
 	if m.OnAdd != nil {
 		m.OnAdd(d)
+	}
+	if !o.NoTable {
+		m.changed(d)
 	}
 	return d, nil
 }
 
-// drop forgets a device without any check and destroys its tables.
-func (m *Manager) drop(d *Device) {
+// unlink takes d out of the manager's maps.
+func (m *Manager) unlink(d *Device) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.unlinkLocked(d)
+}
+
+func (m *Manager) unlinkLocked(d *Device) {
 	name := d.Name()
 	if m.byName[name] == d {
 		delete(m.byName, name)
@@ -166,19 +197,6 @@ func (m *Manager) drop(d *Device) {
 	if m.byMinor[d.minor] == d {
 		delete(m.byMinor, d.minor)
 	}
-	m.mu.Unlock()
-	d.mu.Lock()
-	d.mu.removed = true
-	in := d.mu.inactive
-	d.mu.inactive = nil
-	d.mu.Unlock()
-	if in != nil {
-		in.Close()
-	}
-	if t := d.live.Swap(nil); t != nil {
-		t.Close()
-	}
-	d.gate.open()
 }
 
 func (m *Manager) changed(d *Device) {
@@ -212,8 +230,8 @@ func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevi
 		min, _ := strconv.ParseUint(mm[2], 10, 32)
 		if maj == Major {
 			m.mu.Lock()
+			defer m.mu.Unlock()
 			d := m.byMinor[uint32(min)]
-			m.mu.Unlock()
 			if d == nil {
 				return nil, Errorf("Device lookup failed: %s: no such mapped device", arg)
 			}
@@ -227,8 +245,8 @@ func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevi
 	}
 	if !strings.Contains(arg, "/") {
 		m.mu.Lock()
+		defer m.mu.Unlock()
 		d := m.byName[arg]
-		m.mu.Unlock()
 		if d == nil {
 			return nil, Errorf("Device lookup failed: %s: no such mapped device", arg)
 		}
@@ -258,7 +276,9 @@ func unwrapPath(err error) error {
 	return err
 }
 
-// useMapped checks that d may be stacked on by self's table.
+// useMapped checks that d may be stacked on by self's table and counts the
+// table as a holder of d. The caller holds m.mu, so that Remove, which checks
+// the holders under m.mu, never removes a device a new table just took.
 func (m *Manager) useMapped(self, d *Device) (BlockDevice, error) {
 	if d == self {
 		return nil, Errorf("table may not reference the device itself")
@@ -337,25 +357,273 @@ func (m *Manager) Devices() []*Device {
 	return out
 }
 
-// Remove removes a device. It refuses (EBUSY) a device that is open or that
-// another table stacks on.
-func (m *Manager) Remove(name string) error {
+// noSuchDevice is the error of a command naming a device that does not exist.
+func noSuchDevice(name string) error {
+	return &DeviceError{Name: name, Err: &ArgError{Reason: "no such device", Errno: syscall.ENXIO}}
+}
+
+// acquire finds the device called name and takes its control lock; the
+// caller unlocks d.ctl.
+func (m *Manager) acquire(name string) (*Device, error) {
 	d := m.Lookup(name)
 	if d == nil {
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "no such device", Errno: syscall.ENXIO}}
+		return nil, noSuchDevice(name)
 	}
-	if n := d.holders.Load(); n > 0 {
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "device is in use by another table", Errno: syscall.EBUSY}}
+	d.ctl.Lock()
+	if d.isRemoved() || d.Name() != name {
+		// Removed or renamed while we waited for the lock.
+		d.ctl.Unlock()
+		return nil, noSuchDevice(name)
 	}
-	if d.opens.Load() > 0 {
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "device is open", Errno: syscall.EBUSY}}
+	return d, nil
+}
+
+// Load builds a table for the device called name from text and puts it in
+// the inactive slot, replacing any table there (spec §1.4). Constructors run
+// now, so argument errors are reported now; on failure an older inactive
+// table is kept. Relative paths in text resolve against dir.
+func (m *Manager) Load(name, text, dir string) error {
+	lines, err := ParseTable(text)
+	if err != nil {
+		return &DeviceError{Name: name, Err: err}
 	}
-	d.Suspend(false)
-	m.drop(d)
+	d, err := m.acquire(name)
+	if err != nil {
+		return err
+	}
+	defer d.ctl.Unlock()
+	m.graph.Lock()
+	t, err := m.build(d, lines, d.ReadOnly(), dir)
+	if err == nil {
+		d.loadLocked(t)
+	}
+	m.graph.Unlock()
+	if err != nil {
+		return &DeviceError{Name: name, Err: err}
+	}
+	return nil
+}
+
+// Clear destroys the inactive table of the device called name, if any.
+func (m *Manager) Clear(name string) error {
+	d, err := m.acquire(name)
+	if err != nil {
+		return err
+	}
+	defer d.ctl.Unlock()
+	d.loadLocked(nil)
+	return nil
+}
+
+// Suspend suspends the device called name (spec §1.5).
+func (m *Manager) Suspend(name string, noflush bool) error {
+	d, err := m.acquire(name)
+	if err != nil {
+		return err
+	}
+	defer d.ctl.Unlock()
+	d.suspendLocked(noflush)
+	return nil
+}
+
+// Resume resumes the device called name, making its inactive table live if
+// there is one (spec §1.4).
+func (m *Manager) Resume(name string) error {
+	d, err := m.acquire(name)
+	if err != nil {
+		return err
+	}
+	swapped, err := d.resumeLocked()
+	d.ctl.Unlock()
+	if swapped {
+		m.changed(d)
+	}
+	if err != nil {
+		return &DeviceError{Name: name, Err: err}
+	}
+	return nil
+}
+
+// Remove removes the device called name. It refuses (EBUSY) a device that is
+// open or that another table stacks on. A device that is not suspended is
+// suspended first (its presuspend and postsuspend hooks run, as in dm).
+func (m *Manager) Remove(name string) error {
+	return m.remove(name, false)
+}
+
+// ForceRemove is `remove --force`: as dmsetup does, it first replaces the
+// live table with an `error` table of the same size (load and resume), so
+// that outstanding and new I/O fails, and then removes the device if nothing
+// holds it. If something still does, the error table stays live and the
+// removal fails with EBUSY.
+func (m *Manager) ForceRemove(name string) error {
+	return m.remove(name, true)
+}
+
+func (m *Manager) remove(name string, force bool) error {
+	d, err := m.acquire(name)
+	if err != nil {
+		return err
+	}
+	swapped := false
+	if force {
+		if live := d.Live(); live != nil {
+			t, err := Build([]Line{{N: 1, Start: 0, Len: uint64(live.Sectors()), Type: Error.Name}},
+				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent})
+			if err == nil {
+				d.loadLocked(t)
+				swapped, err = d.resumeLocked()
+			}
+			if err != nil {
+				d.ctl.Unlock()
+				if swapped {
+					m.changed(d)
+				}
+				return &DeviceError{Name: name, Err: err}
+			}
+		}
+	}
+	m.mu.Lock()
+	busy := ""
+	switch {
+	case d.holders.Load() > 0:
+		busy = "device is in use by another table"
+	case d.opens.Load() > 0:
+		busy = "device is open"
+	default:
+		m.unlinkLocked(d)
+	}
+	m.mu.Unlock()
+	if busy != "" {
+		d.ctl.Unlock()
+		if swapped {
+			m.changed(d)
+		}
+		return &DeviceError{Name: name, Err: &ArgError{Reason: busy, Errno: syscall.EBUSY}}
+	}
+	d.suspendLocked(false)
+	d.destroy()
+	d.RaiseEvent()
+	d.ctl.Unlock()
 	if m.OnRemove != nil {
 		m.OnRemove(d)
 	}
 	return nil
+}
+
+// Rename gives the device called name the name newName (EBUSY if a device of
+// that name exists). The device's event counter goes up.
+func (m *Manager) Rename(name, newName string) error {
+	if err := ValidName(newName); err != nil {
+		return &DeviceError{Name: name, Err: &ArgError{Reason: err.Error()}}
+	}
+	d, err := m.acquire(name)
+	if err != nil {
+		return err
+	}
+	// Let the fs layer forget the old name's entry first.
+	m.changed(d)
+	m.mu.Lock()
+	if _, ok := m.byName[newName]; ok {
+		m.mu.Unlock()
+		d.ctl.Unlock()
+		return &DeviceError{Name: name, Err: &ArgError{Reason: "device " + newName + " already exists", Errno: syscall.EBUSY}}
+	}
+	delete(m.byName, name)
+	m.byName[newName] = d
+	d.mu.Lock()
+	d.mu.name = newName
+	d.mu.Unlock()
+	m.mu.Unlock()
+	d.RaiseEvent()
+	d.ctl.Unlock()
+	m.changed(d)
+	return nil
+}
+
+// SetUUID sets the uuid of the device called name. As in dm, a uuid can be
+// set only if none was set before (EINVAL), and must be unique (EBUSY). The
+// device's event counter goes up.
+func (m *Manager) SetUUID(name, uuid string) error {
+	switch {
+	case uuid == "":
+		return &DeviceError{Name: name, Err: &ArgError{Reason: "empty uuid"}}
+	case len(uuid) > 128:
+		return &DeviceError{Name: name, Err: &ArgError{Reason: "uuid longer than 128 bytes"}}
+	}
+	d, err := m.acquire(name)
+	if err != nil {
+		return err
+	}
+	defer d.ctl.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if d.UUID() != "" {
+		return &DeviceError{Name: name, Err: &ArgError{Reason: "uuid already set to " + d.UUID() + "; it cannot be changed"}}
+	}
+	for _, o := range m.byName {
+		if o.UUID() == uuid {
+			return &DeviceError{Name: name, Err: &ArgError{Reason: "uuid " + uuid + " already in use", Errno: syscall.EBUSY}}
+		}
+	}
+	d.mu.Lock()
+	d.mu.uuid = uuid
+	d.mu.Unlock()
+	d.RaiseEvent()
+	return nil
+}
+
+// Message sends a message to the device called name (spec §1.4): words
+// starting with `@` go to CoreMessage; others go to the live target covering
+// sector. It returns the target's response.
+func (m *Manager) Message(ctx context.Context, name string, sector uint64, args []string) (string, error) {
+	d := m.Lookup(name)
+	if d == nil {
+		return "", noSuchDevice(name)
+	}
+	fail := func(err error) (string, error) { return "", &DeviceError{Name: name, Err: err} }
+	if len(args) == 0 {
+		return fail(Errorf("Empty message received"))
+	}
+	if len(args[0]) > 0 && args[0][0] == '@' {
+		if m.CoreMessage == nil {
+			return fail(Errorf("Unsupported message sent to DM core"))
+		}
+		out, err := m.CoreMessage(d, args)
+		if err != nil {
+			return fail(err)
+		}
+		return out, nil
+	}
+	var out string
+	var err error
+	d.WithTables(func(live, _ *Table) {
+		if live == nil {
+			err = &ArgError{Reason: "device has no live table", Errno: syscall.ENXIO}
+			return
+		}
+		if sector > uint64(live.Sectors()) {
+			sector = uint64(live.Sectors())
+		}
+		var tg Target
+		var typ *TargetType
+		if tg, typ, err = live.TargetAt(int64(sector)); err != nil {
+			return
+		}
+		ms, ok := tg.(Messager)
+		if !ok {
+			err = &TableError{Target: typ.Name, Err: ErrNoMessages}
+			return
+		}
+		out, err = ms.Message(ctx, args)
+		if err != nil {
+			err = &TableError{Target: typ.Name, Err: err}
+		}
+	})
+	if err != nil {
+		return fail(err)
+	}
+	return out, nil
 }
 
 // RemoveAll removes every device, upper devices before the ones they stack
@@ -369,16 +637,29 @@ func (m *Manager) RemoveAll() {
 		progress := false
 		for _, d := range devs {
 			if d.holders.Load() == 0 {
-				d.Suspend(false)
-				m.drop(d)
+				m.forceDrop(d, true)
 				progress = true
 			}
 		}
 		if !progress {
 			for _, d := range devs {
-				m.drop(d)
+				m.forceDrop(d, false)
 			}
 			return
 		}
 	}
+}
+
+// forceDrop removes d without any check, suspending it first if asked.
+func (m *Manager) forceDrop(d *Device, suspend bool) {
+	d.ctl.Lock()
+	defer d.ctl.Unlock()
+	if d.isRemoved() {
+		return
+	}
+	m.unlink(d)
+	if suspend {
+		d.suspendLocked(false)
+	}
+	d.destroy()
 }

@@ -13,7 +13,7 @@ import (
 // Globals are the flags every verb accepts, before or after the verb.
 type Globals struct {
 	Mount   string `help:"Mount point of the daemon to talk to." env:"DMFUSE_MOUNT" placeholder:"MOUNTPOINT"`
-	Control string `help:"Control socket of the daemon to talk to (default: derived from --mount)." placeholder:"SOCKET"`
+	Control string `help:"Control socket: the one mount serves, or the one the other verbs talk to (default: derived from the mount point)." placeholder:"SOCKET"`
 }
 
 // CLI is the command line of dmfuse.
@@ -22,6 +22,20 @@ type CLI struct {
 
 	MountCmd  MountCmd  `cmd:"" name:"mount" help:"Mount dmfuse and serve mapped devices until SIGINT/SIGTERM or umount."`
 	IostatCmd IostatCmd `cmd:"" name:"iostat" help:"Print per-device I/O rates from stats/diskstats, like iostat -x."`
+
+	Create  CreateCmd  `cmd:"" help:"Create a device (table from --table, TABLEFILE or stdin; --notable for none)."`
+	Load    LoadCmd    `cmd:"" aliases:"reload" help:"Load a table into a device's inactive slot."`
+	Clear   ClearCmd   `cmd:"" help:"Destroy a device's inactive table."`
+	Suspend SuspendCmd `cmd:"" help:"Hold new I/O on a device and wait for the I/O in flight."`
+	Resume  ResumeCmd  `cmd:"" help:"Make the inactive table live (if any) and release held I/O."`
+	Remove  RemoveCmd  `cmd:"" help:"Remove a device."`
+	Rename  RenameCmd  `cmd:"" help:"Rename a device, or set its uuid with --setuuid."`
+	Message MessageCmd `cmd:"" help:"Send a message to the target covering SECTOR."`
+	Table   TableCmd   `cmd:"" help:"Print tables in reloadable form."`
+	Status  StatusCmd  `cmd:"" help:"Print the targets' status."`
+	Info    InfoCmd    `cmd:"" help:"Print device information."`
+	Ls      LsCmd      `cmd:"" name:"ls" help:"List devices."`
+	Targets TargetsCmd `cmd:"" help:"List target types and their versions."`
 }
 
 func main() {

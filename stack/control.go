@@ -1,0 +1,247 @@
+package stack
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"unicode/utf8"
+)
+
+// The control protocol
+//
+// A client connects to the daemon's control socket (a Unix stream socket),
+// writes one request, a JSON object (Request) on a single line ended by '\n',
+// and reads one response, a JSON object (Response) on a single line ended by
+// '\n'; then the daemon closes the connection. A request is at most
+// MaxRequestSize bytes including the newline. A request that is not complete
+// when the client closes its end or goes quiet for RequestTimeout (no final
+// newline) is dropped without effect; a request that is malformed, too large
+// or invalid gets an error response and changes nothing. Once a complete
+// request has been read, it runs to its end even if the client goes away.
+// Requests are checked completely (operation, fields allowed for it, names,
+// UTF-8) before anything changes.
+
+// MaxRequestSize is the largest request the daemon reads, newline included.
+const MaxRequestSize = 16 << 20
+
+// Control operations: the values of Request.Op.
+const (
+	OpCreate  = "create"
+	OpLoad    = "load"
+	OpClear   = "clear"
+	OpSuspend = "suspend"
+	OpResume  = "resume"
+	OpRemove  = "remove"
+	OpRename  = "rename"
+	OpMessage = "message"
+	OpTable   = "table"
+	OpStatus  = "status"
+	OpInfo    = "info"
+	OpList    = "ls"
+	OpTargets = "targets"
+)
+
+// Request is one control command.
+type Request struct {
+	// Op is the command: create, load, clear, suspend, resume, remove,
+	// rename, message, table, status, info, ls or targets.
+	Op string `json:"op"`
+	// Name is the device the command acts on; table, status and info accept
+	// none (every device).
+	Name string `json:"name,omitempty"`
+	// NewName is rename's new name.
+	NewName string `json:"new_name,omitempty"`
+	// UUID is create's uuid, or rename's new uuid (dmsetup's --setuuid).
+	UUID string `json:"uuid,omitempty"`
+	// Table is the table text of create and load.
+	Table string `json:"table,omitempty"`
+	// Dir is the client's working directory, against which relative paths in
+	// Table resolve; it must be absolute when Table is given.
+	Dir string `json:"dir,omitempty"`
+	// NoTable creates a device without a table.
+	NoTable bool `json:"notable,omitempty"`
+	// ReadOnly creates a read-only device.
+	ReadOnly bool `json:"readonly,omitempty"`
+	// NoFlush is suspend --noflush.
+	NoFlush bool `json:"noflush,omitempty"`
+	// Force is remove --force.
+	Force bool `json:"force,omitempty"`
+	// Inactive makes table, status and info use the inactive table.
+	Inactive bool `json:"inactive,omitempty"`
+	// Sector selects the target a message goes to.
+	Sector uint64 `json:"sector,omitempty"`
+	// Args are the words of a message.
+	Args []string `json:"args,omitempty"`
+}
+
+// Response is the daemon's answer to one request.
+type Response struct {
+	// Output is what the command prints on stdout, exactly.
+	Output string `json:"output,omitempty"`
+	// Error is the one-line reason a command failed, "" on success; it reads
+	// "NAME: line N: TARGET: reason", the parts that apply.
+	Error string `json:"error,omitempty"`
+	// Errno names the errno of a failure, such as "EBUSY" or "EINVAL".
+	Errno string `json:"errno,omitempty"`
+}
+
+// ErrIncompleteRequest is returned by ReadRequest when the client closed the
+// connection before it sent a whole request.
+var ErrIncompleteRequest = errors.New("incomplete request")
+
+// ReadRequest reads one newline-terminated request of at most
+// MaxRequestSize bytes from r and decodes and validates it.
+func ReadRequest(r io.Reader) (*Request, error) {
+	br := bufio.NewReaderSize(io.LimitReader(r, MaxRequestSize), 64<<10)
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		line = append(line, chunk...)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if len(line) >= MaxRequestSize {
+			return nil, fmt.Errorf("request larger than %d bytes", MaxRequestSize)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil, ErrIncompleteRequest
+		}
+		return nil, err
+	}
+	return DecodeRequest(line)
+}
+
+// DecodeRequest decodes and validates one request line (with or without its
+// final newline).
+func DecodeRequest(line []byte) (*Request, error) {
+	if len(line) > MaxRequestSize {
+		return nil, fmt.Errorf("request larger than %d bytes", MaxRequestSize)
+	}
+	line = bytes.TrimSuffix(line, []byte("\n"))
+	if bytes.IndexByte(line, '\n') >= 0 {
+		return nil, errors.New("malformed request: more than one line")
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	var req Request
+	if err := dec.Decode(&req); err != nil {
+		return nil, fmt.Errorf("malformed request: %v", err)
+	}
+	if dec.More() {
+		return nil, errors.New("malformed request: data after the JSON object")
+	}
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	return &req, nil
+}
+
+// opFields lists, per operation, which optional fields it accepts and whether
+// it needs a device name ("name": required, "name?": optional).
+var opFields = map[string]string{
+	OpCreate:  "name uuid table dir notable readonly",
+	OpLoad:    "name table dir",
+	OpClear:   "name",
+	OpSuspend: "name noflush",
+	OpResume:  "name",
+	OpRemove:  "name force",
+	OpRename:  "name new_name uuid",
+	OpMessage: "name sector args",
+	OpTable:   "name? inactive",
+	OpStatus:  "name? inactive",
+	OpInfo:    "name? inactive",
+	OpList:    "",
+	OpTargets: "",
+}
+
+// Validate checks that a request is complete and consistent: a known
+// operation, only the fields that operation takes, valid names and UTF-8
+// text.
+func (r *Request) Validate() error {
+	spec, ok := opFields[r.Op]
+	if !ok {
+		return fmt.Errorf("unknown operation %q", r.Op)
+	}
+	allowed := map[string]bool{}
+	for _, f := range strings.Fields(spec) {
+		allowed[strings.TrimSuffix(f, "?")] = true
+	}
+	set := map[string]bool{
+		"name": r.Name != "", "new_name": r.NewName != "", "uuid": r.UUID != "", "table": r.Table != "",
+		"dir": r.Dir != "", "notable": r.NoTable, "readonly": r.ReadOnly, "noflush": r.NoFlush, "force": r.Force,
+		"inactive": r.Inactive, "sector": r.Sector != 0, "args": len(r.Args) > 0,
+	}
+	for _, f := range []string{"name", "new_name", "uuid", "table", "dir", "notable", "readonly", "noflush", "force", "inactive", "sector", "args"} {
+		if set[f] && !allowed[f] {
+			return fmt.Errorf("%s: field %q does not apply", r.Op, f)
+		}
+	}
+	if strings.Contains(" "+spec+" ", " name ") && r.Name == "" {
+		return fmt.Errorf("%s: no device name", r.Op)
+	}
+	if r.Name != "" {
+		if err := ValidName(r.Name); err != nil {
+			return err
+		}
+	}
+	texts := append([]string{r.Name, r.NewName, r.UUID, r.Table, r.Dir}, r.Args...)
+	for _, s := range texts {
+		if !utf8.ValidString(s) {
+			return fmt.Errorf("%s: text is not valid UTF-8", r.Op)
+		}
+	}
+	switch r.Op {
+	case OpCreate:
+		if r.NoTable && r.Table != "" {
+			return fmt.Errorf("%s: --notable and a table exclude each other", r.Name)
+		}
+		if !r.NoTable && strings.TrimSpace(r.Table) == "" {
+			return fmt.Errorf("%s: no table given (use --notable for a device without one)", r.Name)
+		}
+		if len(r.UUID) > 128 {
+			return fmt.Errorf("%s: uuid longer than 128 bytes", r.Name)
+		}
+	case OpLoad:
+		if strings.TrimSpace(r.Table) == "" {
+			return fmt.Errorf("%s: no table given", r.Name)
+		}
+	case OpRename:
+		switch {
+		case r.NewName == "" && r.UUID == "":
+			return fmt.Errorf("%s: rename needs a new name or a uuid", r.Name)
+		case r.NewName != "" && r.UUID != "":
+			return fmt.Errorf("%s: rename takes a new name or a uuid, not both", r.Name)
+		case r.NewName != "":
+			if err := ValidName(r.NewName); err != nil {
+				return fmt.Errorf("%s: %v", r.Name, err)
+			}
+		case len(r.UUID) > 128:
+			return fmt.Errorf("%s: uuid longer than 128 bytes", r.Name)
+		}
+	case OpMessage:
+		if len(r.Args) == 0 {
+			return fmt.Errorf("%s: Empty message received", r.Name)
+		}
+	}
+	if r.Dir != "" && !filepath.IsAbs(r.Dir) {
+		return fmt.Errorf("%s: working directory %q is not absolute", r.Op, r.Dir)
+	}
+	return nil
+}
+
+// Encode returns the request as one line of JSON ended by '\n'.
+func (r *Request) Encode() ([]byte, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}

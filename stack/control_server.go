@@ -1,0 +1,303 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// RequestTimeout is how long the daemon waits for a client to send its whole
+// request before it drops the connection.
+const RequestTimeout = 30 * time.Second
+
+// ControlServer answers control requests for the devices of a Manager.
+type ControlServer struct {
+	mgr    *Manager
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewControlServer returns a server for the devices of m.
+func NewControlServer(m *Manager) *ControlServer {
+	ctx, cancel := context.WithCancel(m.ctx)
+	return &ControlServer{mgr: m, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+}
+
+// Serve accepts connections on ln until Close, one goroutine per connection.
+// It returns nil after Close.
+func (s *ControlServer) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.New("control server closed")
+	}
+	s.ln = ln
+	s.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("control socket: accept: %w", err)
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serveConn(c)
+	}
+}
+
+// Close stops accepting, closes the listener (which removes the socket file)
+// and waits for the requests being handled to finish.
+func (s *ControlServer) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	var err error
+	if s.ln != nil {
+		err = s.ln.Close()
+	}
+	for c := range s.conns {
+		// Unblock connections still waiting for their request; a request
+		// being executed finishes first.
+		c.SetReadDeadline(time.Now())
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.cancel()
+	return err
+}
+
+func (s *ControlServer) serveConn(c net.Conn) {
+	defer func() {
+		c.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	c.SetReadDeadline(time.Now().Add(RequestTimeout))
+	req, err := ReadRequest(c)
+	if err != nil {
+		var ne net.Error
+		if errors.Is(err, ErrIncompleteRequest) || errors.As(err, &ne) || errors.Is(err, net.ErrClosed) {
+			return // the client went away mid-request: nothing to do
+		}
+		writeResponse(c, &Response{Error: err.Error(), Errno: "EINVAL"})
+		return
+	}
+	resp := s.Handle(s.ctx, req)
+	c.SetWriteDeadline(time.Now().Add(RequestTimeout))
+	writeResponse(c, resp)
+}
+
+func writeResponse(c net.Conn, r *Response) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		b, _ = json.Marshal(&Response{Error: err.Error(), Errno: "EINVAL"})
+	}
+	c.Write(append(b, '\n'))
+}
+
+// Handle runs one validated request and returns its response.
+func (s *ControlServer) Handle(ctx context.Context, r *Request) *Response {
+	out, err := s.handle(ctx, r)
+	if err != nil {
+		return &Response{Output: out, Error: err.Error(), Errno: errnoName(err)}
+	}
+	return &Response{Output: out}
+}
+
+// errnoName names the errno an error carries (EINVAL if none).
+func errnoName(err error) string {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		if n := unix.ErrnoName(e); n != "" {
+			return n
+		}
+		return fmt.Sprintf("errno %d", int(e))
+	}
+	return "EINVAL"
+}
+
+func (s *ControlServer) handle(ctx context.Context, r *Request) (string, error) {
+	m := s.mgr
+	if err := r.Validate(); err != nil {
+		return "", err
+	}
+	switch r.Op {
+	case OpCreate:
+		_, err := m.Create(CreateOptions{Name: r.Name, UUID: r.UUID, Minor: -1, ReadOnly: r.ReadOnly,
+			Table: r.Table, NoTable: r.NoTable, Dir: r.Dir})
+		return "", err
+	case OpLoad:
+		return "", m.Load(r.Name, r.Table, r.Dir)
+	case OpClear:
+		return "", m.Clear(r.Name)
+	case OpSuspend:
+		return "", m.Suspend(r.Name, r.NoFlush)
+	case OpResume:
+		return "", m.Resume(r.Name)
+	case OpRemove:
+		if r.Force {
+			return "", m.ForceRemove(r.Name)
+		}
+		return "", m.Remove(r.Name)
+	case OpRename:
+		if r.UUID != "" {
+			return "", m.SetUUID(r.Name, r.UUID)
+		}
+		return "", m.Rename(r.Name, r.NewName)
+	case OpMessage:
+		out, err := m.Message(ctx, r.Name, r.Sector, SplitArgs(strings.Join(r.Args, " ")))
+		if err != nil || out == "" || strings.HasSuffix(out, "\n") {
+			return out, err
+		}
+		return out + "\n", nil
+	case OpTable, OpStatus:
+		st := StatusTable
+		if r.Op == OpStatus {
+			st = StatusInfo
+		}
+		return s.each(r.Name, func(d *Device, prefix string) string {
+			return FormatDeviceTable(d, st, r.Inactive, prefix)
+		})
+	case OpInfo:
+		return s.each(r.Name, func(d *Device, _ string) string { return FormatInfo(d.Info(r.Inactive)) })
+	case OpList:
+		return FormatList(m.Devices()), nil
+	case OpTargets:
+		var b strings.Builder
+		for _, t := range m.Registry().Types() {
+			b.WriteString(t.FormatVersion())
+			b.WriteByte('\n')
+		}
+		return b.String(), nil
+	}
+	return "", fmt.Errorf("unknown operation %q", r.Op)
+}
+
+// each formats one device (name given) or every device with "NAME: "
+// prefixes (name empty), as dmsetup does.
+func (s *ControlServer) each(name string, f func(d *Device, prefix string) string) (string, error) {
+	if name != "" {
+		d := s.mgr.Lookup(name)
+		if d == nil {
+			return "", noSuchDevice(name)
+		}
+		return f(d, ""), nil
+	}
+	devs := s.mgr.Devices()
+	if len(devs) == 0 {
+		return "No devices found\n", nil
+	}
+	var b strings.Builder
+	for _, d := range devs {
+		b.WriteString(f(d, d.Name()+": "))
+	}
+	return b.String(), nil
+}
+
+// FormatDeviceTable prints a device's live (or inactive) table as dmsetup's
+// table (StatusTable) or status (StatusInfo) do: each line prefixed with
+// prefix; a device with no such table prints the prefix and a newline.
+func FormatDeviceTable(d *Device, st StatusType, inactive bool, prefix string) string {
+	text := d.FormatTable(st, inactive)
+	if text == "" {
+		return prefix + "\n"
+	}
+	if prefix == "" {
+		return text
+	}
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(text, "\n") {
+		if l != "" {
+			b.WriteString(prefix)
+			b.WriteString(l)
+		}
+	}
+	return b.String()
+}
+
+// FormatInfo prints a device's info block as `dmsetup info` does (spec
+// §1.6): labels padded so that values start in column 20, the UUID line only
+// when a uuid is set, and an empty line at the end.
+func FormatInfo(in Info) string {
+	var b strings.Builder
+	line := func(label, format string, a ...any) {
+		fmt.Fprintf(&b, "%-19s%s\n", label, fmt.Sprintf(format, a...))
+	}
+	state := "ACTIVE"
+	if in.Suspended {
+		state = "SUSPENDED"
+	}
+	if in.ReadOnly {
+		state += " (READ-ONLY)"
+	}
+	tables := "None"
+	switch {
+	case in.Live && in.Inactive:
+		tables = "LIVE & INACTIVE"
+	case in.Live:
+		tables = "LIVE"
+	case in.Inactive:
+		tables = "INACTIVE"
+	}
+	line("Name:", "%s", in.Name)
+	line("State:", "%s", state)
+	line("Read Ahead:", "%d", 256)
+	line("Tables present:", "%s", tables)
+	line("Open count:", "%d", in.OpenCount)
+	line("Event number:", "%d", in.EventNr)
+	line("Major, minor:", "%d, %d", Major, in.Minor)
+	line("Number of targets:", "%d", in.Targets)
+	if in.UUID != "" {
+		fmt.Fprintf(&b, "UUID: %s\n", in.UUID)
+	}
+	b.WriteByte('\n')
+	return b.String()
+}
+
+// FormatList prints devices as `dmsetup ls` does: `<name>\t(<major>:<minor>)`
+// per device, or "No devices found".
+func FormatList(devs []*Device) string {
+	if len(devs) == 0 {
+		return "No devices found\n"
+	}
+	var b strings.Builder
+	for _, d := range devs {
+		fmt.Fprintf(&b, "%s\t(%d:%d)\n", d.Name(), Major, d.Minor())
+	}
+	return b.String()
+}
