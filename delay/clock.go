@@ -20,6 +20,11 @@ type Clock interface {
 	// Wake ends the current or next Wait. It may be called from any
 	// goroutine.
 	Wake()
+	// Lead is how long before its deadline a request is released (0 on a
+	// manual clock). A released request finishes the wait itself, spinning
+	// on Now until its deadline, so it runs on time even when waking its
+	// goroutine takes longer than the scheduler's own precision.
+	Lead() int64
 	// Yield is called after the scheduler released requests and before it
 	// waits again. The real clock blocks for a moment there, so that the
 	// released goroutines can run on this CPU at once; without it a release

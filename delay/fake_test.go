@@ -20,7 +20,8 @@ type fakeClock struct {
 	inWait   bool
 	deadline int64
 	woken    bool
-	returns  int // Wait calls that returned
+	returns  int   // Wait calls that returned
+	lead     int64 // what Lead returns
 }
 
 func newFakeClock() *fakeClock {
@@ -56,6 +57,12 @@ func (c *fakeClock) Wake() {
 }
 
 func (c *fakeClock) Yield() {}
+
+func (c *fakeClock) Lead() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lead
+}
 
 // Advance moves time forward by d nanoseconds.
 func (c *fakeClock) Advance(d int64) {

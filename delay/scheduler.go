@@ -20,10 +20,12 @@ const (
 // Scheduler releases delayed requests at their deadlines. One scheduler
 // serves every delay target of a process: a single goroutine, locked to its
 // OS thread, keeps the earliest pending deadline of each target in a heap and
-// waits on its Clock until the earliest one. Each pass releases every expired
-// request, target by target, in the order the requests arrived. With nothing
-// queued it waits without a deadline and costs no CPU; a request whose
-// deadline is earlier than the one being waited for wakes it at once.
+// waits on its Clock until the earliest one, less the clock's Lead. Each
+// pass releases every request due within the lead, target by target, in the
+// order the requests arrived; a released request waits out the rest of its
+// delay on its own goroutine. With nothing queued it waits without a
+// deadline and costs no CPU; a request whose deadline is earlier than the one
+// being waited for wakes it at once.
 //
 // The goroutine starts when the first target is constructed and ends when the
 // last one is closed and nothing is pending.
@@ -141,14 +143,15 @@ func (s *Scheduler) loop() {
 			s.mu.Unlock()
 			return
 		}
-		now := s.clock.Now()
+		lead := s.clock.Lead()
+		now := s.clock.Now() + lead
 		for len(s.heap) > 0 && s.heap[0].key <= now {
 			s.due = append(s.due, heap.Pop(&s.heap).(*queue))
 		}
 		if len(s.due) == 0 {
 			until := Forever
 			if len(s.heap) > 0 {
-				until = s.heap[0].key
+				until = s.heap[0].key - lead
 			}
 			s.waiting, s.waitUntil = true, until
 			s.mu.Unlock()
@@ -158,7 +161,7 @@ func (s *Scheduler) loop() {
 			continue
 		}
 		s.mu.Unlock()
-		s.pass(s.clock.Now())
+		s.pass(s.clock.Now() + lead)
 		s.mu.Lock()
 		for i, q := range s.due {
 			if s.dueMore[i] {
@@ -286,7 +289,9 @@ func newQueue(s *Scheduler) *queue {
 }
 
 // wait delays the calling request of class c by d nanoseconds (d > 0). It
-// returns at once while the queue does not delay (suspended). If ctx ends
+// returns at once while the queue does not delay (suspended). Released up to
+// the clock's Lead early, it spins for the rest; a delay no longer than the
+// lead spins throughout instead of parking. If ctx ends
 // first the request leaves the queue and wait returns an error wrapping
 // EINTR and the context's error.
 func (q *queue) wait(ctx context.Context, c int, d int64) error {
@@ -308,6 +313,40 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	}
 	q.mu.Unlock()
 
+	if d <= q.s.clock.Lead() {
+		// Too short to park: waking a parked goroutine would take longer
+		// than the delay. Spin until released or due; a request that is
+		// due before the scheduler took it leaves the queue itself.
+		deadline := w.deadline
+		for released := false; !released; {
+			select {
+			case <-w.ch:
+				released = true
+				deadline = w.deadline // 0 if flushed
+			default:
+				if q.s.clock.Now() >= deadline {
+					q.mu.Lock()
+					if w.state == stateQueued {
+						l.remove(w)
+						q.mu.Unlock()
+						waiterPool.Put(w)
+						return nil
+					}
+					q.mu.Unlock()
+					<-w.ch // released at the same moment; the send is on its way
+					released, deadline = true, 0
+				} else {
+					runtime.Gosched()
+				}
+			}
+		}
+		waiterPool.Put(w)
+		for q.s.clock.Now() < deadline {
+			runtime.Gosched()
+		}
+		return nil
+	}
+
 	select {
 	case <-w.ch:
 	case <-ctx.Done():
@@ -321,7 +360,13 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 		q.mu.Unlock()
 		<-w.ch // released at the same moment; the send is on its way
 	}
+	// Released up to the clock's Lead early (or flushed, deadline 0):
+	// finish the wait here, on the goroutine that runs the request.
+	deadline := w.deadline
 	waiterPool.Put(w)
+	for q.s.clock.Now() < deadline {
+		runtime.Gosched()
+	}
 	return nil
 }
 
@@ -386,6 +431,7 @@ func (q *queue) flush() {
 	batch, _, _ := q.collectLocked(Forever, nil)
 	q.mu.Unlock()
 	for _, w := range batch {
+		w.deadline = 0 // no waiting left after the release
 		w.ch <- struct{}{}
 	}
 }

@@ -1,0 +1,67 @@
+package delay
+
+import (
+	"context"
+	"runtime"
+	"testing"
+)
+
+// stillRunning fails the test if o finishes while the other goroutines get
+// plenty of chances to run.
+func stillRunning(t *testing.T, o *op, what string) {
+	t.Helper()
+	for range 1000 {
+		runtime.Gosched()
+	}
+	if o.finished() {
+		t.Fatalf("%s finished before its deadline", what)
+	}
+}
+
+// TestEarlyRelease: with a clock whose Lead is 2 ms, the scheduler releases
+// a request 2 ms before its deadline and the request finishes the wait
+// itself, returning only at the deadline; a delay no longer than the lead
+// never parks but still waits its full delay; presuspend still releases at
+// once.
+func TestEarlyRelease(t *testing.T) {
+	r := newRig(t)
+	r.clock.lead = 2 * ms
+	tg := r.target("8:16 0 10 8:32 0 1") // reads 10 ms, writes 1 ms (no longer than the lead)
+	ctx := context.Background()
+
+	rd := r.read(tg, ctx)
+	waitStatus(t, tg, "1 0 0")
+	if d := r.clock.settle(); d != rd.issued+8*ms {
+		t.Fatalf("scheduler waits until %d, want 2 ms before the deadline (%d)", d-rd.issued, 8*ms)
+	}
+	r.clock.Advance(8 * ms)
+	waitStatus(t, tg, "0 0 0") // released, early
+	stillRunning(t, rd, "an early released read")
+	r.clock.Advance(2*ms - 1)
+	stillRunning(t, rd, "an early released read")
+	r.clock.Advance(1)
+	if err := rd.result(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.releasedSeqs(); len(got) != 1 {
+		t.Fatalf("released %v, want one request", got)
+	}
+
+	wr := r.write(tg, ctx)
+	stillRunning(t, wr, "a write shorter than the lead")
+	r.clock.Advance(ms)
+	if err := wr.result(t); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, tg, "0 0 0")
+
+	// Presuspend releases a parked request without waiting for its
+	// deadline, lead or not.
+	rd = r.read(tg, ctx)
+	waitStatus(t, tg, "1 0 0")
+	tg.Presuspend(false)
+	if err := rd.result(t); err != nil {
+		t.Fatal(err)
+	}
+	tg.Resume()
+}

@@ -1,0 +1,532 @@
+// Command delay measures how exact dmfuse's delay target is, with fio, side
+// by side in one run on one mount.
+//
+//	go run ./test/bench/delay [-runtime 20s] [-zero-runtime 5s] [-idle 10s] [-out FILE]
+//
+// It needs root, /dev/fuse, fio and go; it installs nothing. It builds dmfuse,
+// mounts a private tmpfs holding one backing file filled with random data,
+// and mounts dmfuse on it with four devices over that file:
+//
+//	d0    0 S delay TMPFS/base.img 0 0      (passes straight through: the FUSE floor)
+//	d0.1  0 S delay TMPFS/base.img 0 0.1
+//	d1    0 S delay TMPFS/base.img 0 1
+//	d10   0 S delay TMPFS/base.img 0 10
+//
+// Then it measures the daemon's CPU time while idle (utime+stime from
+// /proc/PID/stat over -idle), and runs each row of the table (4 KiB,
+// --direct=1, -runtime each after a ramp of 2 s). Each QD1 row is preceded by
+// the same job on d0 (for -zero-runtime), whose mean completion latency is the
+// FUSE round trip of that row: its ceiling is 1 / (delay + round trip). The
+// io_uring row's ceiling is queue depth / delay. Completion latencies are
+// exact, from fio's per-I/O latency log, not its histogram buckets. The daemon's
+// CPU time is also taken around the 1 ms read row.
+//
+// The markdown table is printed and, with -out, written to a file.
+// Everything it set up (fio, daemon, mounts, scratch folder) is torn down on
+// exit, on error and on SIGINT or SIGTERM.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// row is one measured line of the table.
+type row struct {
+	title   string
+	dev     string  // device name in the mount
+	delayMs float64 // the device's delay
+	write   bool
+	uring   bool // io_uring 2 jobs x QD32 instead of psync QD1
+	cpu     bool // report the daemon's CPU time during this row
+}
+
+var rows = []row{
+	{title: "randread psync QD1, 1 ms", dev: "d1", delayMs: 1, cpu: true},
+	{title: "randwrite psync QD1, 1 ms", dev: "d1", delayMs: 1, write: true},
+	{title: "randread psync QD1, 10 ms", dev: "d10", delayMs: 10},
+	{title: "randwrite io_uring 2x32, 10 ms", dev: "d10", delayMs: 10, write: true, uring: true},
+	{title: "randread psync QD1, 0.1 ms", dev: "d0.1", delayMs: 0.1},
+}
+
+// result is one fio run.
+type result struct {
+	iops     float64
+	meanUs   float64 // mean completion latency
+	p50, p99 float64 // completion latency percentiles, us, exact
+	n        int     // I/Os in the latency log
+}
+
+func main() {
+	var (
+		rt   = flag.Duration("runtime", 20*time.Second, "fio runtime of each delay row (after a 2 s ramp)")
+		zrt  = flag.Duration("zero-runtime", 5*time.Second, "fio runtime of each zero-delay run that gives a row its round trip")
+		idle = flag.Duration("idle", 10*time.Second, "how long to measure the idle daemon's CPU time")
+		size = flag.Int64("size", 256, "size of the backing file and of each device, MiB")
+		out  = flag.String("out", "", "also write the markdown table to this file")
+	)
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: go run ./test/bench/delay [flags]\n\nNeeds root, /dev/fuse, fio and go.\n\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	b := &bench{runtime: *rt, zeroRuntime: *zrt, idle: *idle, size: *size << 20}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "\ndelay bench: %v: stopping and cleaning up\n", s)
+		cancel()
+	}()
+	report, err := b.run(ctx)
+	b.cleanup()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		fmt.Fprintln(os.Stderr, "delay bench:", err)
+		os.Exit(1)
+	}
+	fmt.Print(report)
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "delay bench:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+// bench is one run and everything it has set up.
+type bench struct {
+	runtime, zeroRuntime, idle time.Duration
+	size                       int64
+
+	scratch string
+	mnt     string
+	pid     int
+	undo    []func() // run last first by cleanup
+}
+
+func logf(format string, a ...any) { fmt.Fprintf(os.Stderr, "delay bench: "+format+"\n", a...) }
+
+func (b *bench) cleanup() {
+	for i := len(b.undo) - 1; i >= 0; i-- {
+		b.undo[i]()
+	}
+	b.undo = nil
+}
+
+func (b *bench) run(ctx context.Context) (string, error) {
+	if err := check(); err != nil {
+		return "", err
+	}
+	if err := b.setup(ctx); err != nil {
+		return "", err
+	}
+	var w strings.Builder
+	load0 := loadavg()
+	start := time.Now()
+
+	time.Sleep(time.Second) // let the daemon settle after mounting
+	c0, t0 := b.cpu(), time.Now()
+	logf("measuring the idle daemon for %v", b.idle)
+	select {
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case <-time.After(b.idle):
+	}
+	idleCPU := msPerSec(b.cpu()-c0, time.Since(t0))
+
+	type line struct {
+		r          row
+		zero, res  result
+		ceiling    float64
+		cpuMsPerS  float64
+		roundTrip  float64 // us
+		hasRoundTr bool
+	}
+	var lines []line
+	for _, r := range rows {
+		l := line{r: r}
+		if !r.uring {
+			logf("%s: zero-delay round trip (%v)", r.title, b.zeroRuntime)
+			z, err := b.fio(ctx, r, "d0", b.zeroRuntime)
+			if err != nil {
+				return "", err
+			}
+			l.zero, l.roundTrip, l.hasRoundTr = z, z.meanUs, true
+			l.ceiling = 1e6 / (r.delayMs*1e3 + z.meanUs)
+		} else {
+			l.ceiling = 64 / (r.delayMs / 1e3)
+		}
+		logf("%s (%v)", r.title, b.runtime)
+		c0, t0 := b.cpu(), time.Now()
+		res, err := b.fio(ctx, r, r.dev, b.runtime)
+		if err != nil {
+			return "", err
+		}
+		l.cpuMsPerS = msPerSec(b.cpu()-c0, time.Since(t0))
+		l.res = res
+		lines = append(lines, l)
+	}
+
+	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s; %v per row after a 2 s ramp, %v per zero-delay run; took %v; load average before %s, after %s\n\n",
+		fioVersion(), runtime.NumCPU(), kernel(), b.runtime, b.zeroRuntime, time.Since(start).Round(time.Second), load0, loadavg())
+	fmt.Fprintf(&w, "| fio job (4k, --direct=1) | IOPS | ceiling | %% of ceiling | late p50 | late p99 | zero-delay round trip (mean / p50 / p99) |\n")
+	fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---|\n")
+	for _, l := range lines {
+		rt := "-"
+		if l.hasRoundTr {
+			rt = fmt.Sprintf("%.0f / %.0f / %.0f us", l.roundTrip, l.zero.p50, l.zero.p99)
+		}
+		d := l.r.delayMs * 1e3
+		fmt.Fprintf(&w, "| %s | %.0f | %.0f | **%.1f%%** | %s | %s | %s |\n", l.r.title, l.res.iops, l.ceiling,
+			100*l.res.iops/l.ceiling, lateUs(l.res.p50-d), lateUs(l.res.p99-d), rt)
+	}
+	fmt.Fprintf(&w, "\nLate = completion latency minus the requested delay (exact, from fio's per-I/O log; it includes the FUSE round trip).\n")
+	fmt.Fprintf(&w, "Daemon CPU time (utime+stime of /proc/PID/stat): idle %.2f ms/s over %v", idleCPU, b.idle)
+	for _, l := range lines {
+		if l.r.cpu {
+			fmt.Fprintf(&w, "; %s: %.0f ms/s at %.0f IOPS", l.r.title, l.cpuMsPerS, l.res.iops)
+		}
+	}
+	fmt.Fprintf(&w, ".\n")
+	return w.String(), nil
+}
+
+func lateUs(v float64) string {
+	if v >= 1000 || v <= -1000 {
+		return fmt.Sprintf("%.2f ms", v/1000)
+	}
+	return fmt.Sprintf("%.0f us", v)
+}
+
+func msPerSec(ticks int64, d time.Duration) float64 {
+	hz := 100.0 // USER_HZ on Linux
+	return float64(ticks) / hz * 1e3 / d.Seconds()
+}
+
+// check fails early, saying what is missing.
+func check() error {
+	var miss []string
+	if os.Geteuid() != 0 {
+		miss = append(miss, "root (for mounts)")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		miss = append(miss, "/dev/fuse")
+	}
+	for _, t := range []string{"fio", "go"} {
+		if _, err := exec.LookPath(t); err != nil {
+			miss = append(miss, t)
+		}
+	}
+	if len(miss) > 0 {
+		return fmt.Errorf("missing: %s", strings.Join(miss, ", "))
+	}
+	return nil
+}
+
+// setup builds dmfuse, mounts the tmpfs and the daemon.
+func (b *bench) setup(ctx context.Context) error {
+	var err error
+	if b.scratch, err = os.MkdirTemp("", "dmfuse-delay-bench-"); err != nil {
+		return err
+	}
+	b.undo = append(b.undo, func() { os.RemoveAll(b.scratch) })
+	modDir, err := moduleDir()
+	if err != nil {
+		return err
+	}
+	bin := filepath.Join(b.scratch, "dmfuse")
+	logf("building dmfuse in %s", b.scratch)
+	c := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/dmfuse")
+	c.Dir = modDir
+	if out, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %v\n%s", err, out)
+	}
+
+	tmpfs := filepath.Join(b.scratch, "tmpfs")
+	if err := os.Mkdir(tmpfs, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, fmt.Sprintf("size=%dk", (b.size+16<<20)>>10)); err != nil {
+		return fmt.Errorf("mount tmpfs: %w", err)
+	}
+	b.undo = append(b.undo, func() { unmount(tmpfs) })
+	img := filepath.Join(tmpfs, "base.img")
+	// Random data: tmpfs reads holes without touching a page.
+	if err := fill(img, b.size); err != nil {
+		return err
+	}
+	sec := b.size / 512
+	var cfg []string
+	for _, d := range []string{"0", "0.1", "1", "10"} {
+		cfg = append(cfg, fmt.Sprintf("d%s,,,rw,0 %d delay %s 0 %s", d, sec, img, d))
+	}
+	cfgPath := filepath.Join(b.scratch, "delay.conf")
+	if err := os.WriteFile(cfgPath, []byte(strings.Join(cfg, ";\n")+"\n"), 0o644); err != nil {
+		return err
+	}
+	b.mnt = filepath.Join(b.scratch, "mnt")
+	return b.daemon(ctx, bin, "mount", "--config", cfgPath, b.mnt)
+}
+
+// daemon starts dmfuse in its own process group (so that a Ctrl-C reaches it
+// only through cleanup) and waits until its devices answer. Cleanup sends
+// SIGTERM, waits, and falls back to a lazy unmount and SIGKILL.
+func (b *bench) daemon(ctx context.Context, argv ...string) error {
+	var stderr bytes.Buffer
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Stderr = &stderr
+	c.Env = append(os.Environ(), "XDG_STATE_HOME="+filepath.Join(b.scratch, "state"))
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { c.Wait(); close(done) }()
+	b.undo = append(b.undo, func() {
+		c.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			logf("dmfuse did not exit within 10s of SIGTERM; unmounting lazily and killing it\n%s", stderr.String())
+			unix.Unmount(b.mnt, unix.MNT_DETACH)
+			c.Process.Kill()
+			<-done
+		}
+		if isMount(b.mnt) {
+			unix.Unmount(b.mnt, unix.MNT_DETACH)
+		}
+	})
+	ready := filepath.Join(b.mnt, "d0")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if st, err := os.Stat(ready); err == nil && st.Size() > 0 {
+			b.pid = c.Process.Pid
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("dmfuse exited before mounting:\n%s", stderr.String())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("dmfuse did not mount within 20s:\n%s", stderr.String())
+		}
+	}
+}
+
+// cpu returns the daemon's utime+stime in clock ticks.
+func (b *bench) cpu() int64 {
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name, which is in parentheses.
+	i := bytes.LastIndexByte(s, ')')
+	f := strings.Fields(string(s[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st
+}
+
+// fio runs row r's job on device dev for rt and returns IOPS and exact
+// completion latency percentiles.
+func (b *bench) fio(ctx context.Context, r row, dev string, rt time.Duration) (result, error) {
+	logDir, err := os.MkdirTemp(b.scratch, "lat-")
+	if err != nil {
+		return result{}, err
+	}
+	defer os.RemoveAll(logDir)
+	rw := "randread"
+	if r.write {
+		rw = "randwrite"
+	}
+	args := []string{
+		"--name=" + rw, "--filename=" + filepath.Join(b.mnt, dev), "--direct=1", "--thread",
+		"--rw=" + rw, "--bs=4k", "--time_based", fmt.Sprintf("--runtime=%dms", rt.Milliseconds()),
+		"--ramp_time=2s", fmt.Sprintf("--size=%d", b.size), "--group_reporting", "--randrepeat=0",
+		"--output-format=json", "--write_lat_log=" + filepath.Join(logDir, "lat"), "--log_avg_msec=0",
+	}
+	if r.uring {
+		args = append(args, "--ioengine=io_uring", "--iodepth=32", "--numjobs=2")
+	} else {
+		args = append(args, "--ioengine=psync", "--iodepth=1", "--numjobs=1")
+	}
+	c := exec.CommandContext(ctx, "fio", args...)
+	c.Dir = logDir
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	out, err := c.Output()
+	if err != nil {
+		return result{}, fmt.Errorf("fio %s on %s: %v\n%s", rw, dev, err, stderr.String())
+	}
+	res, err := parseFio(out, r.write)
+	if err != nil {
+		return result{}, err
+	}
+	lat, err := readLatLogs(logDir)
+	if err != nil {
+		return result{}, err
+	}
+	if len(lat) == 0 {
+		return result{}, errors.New("fio wrote no completion latencies")
+	}
+	slices.Sort(lat)
+	res.n = len(lat)
+	res.p50 = float64(lat[len(lat)/2]) / 1e3
+	res.p99 = float64(lat[len(lat)*99/100]) / 1e3
+	return res, nil
+}
+
+// readLatLogs reads the completion latencies (ns) of every job's clat log.
+func readLatLogs(dir string) ([]int64, error) {
+	files, _ := filepath.Glob(filepath.Join(dir, "lat_clat.*.log"))
+	var lat []int64
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			return nil, err
+		}
+		s := bufio.NewScanner(fh)
+		for s.Scan() {
+			// time (ms), value (ns), direction, block size, offset[, prio]
+			parts := strings.SplitN(s.Text(), ",", 3)
+			if len(parts) < 2 {
+				continue
+			}
+			v, err := strconv.ParseInt(strings.TrimSpace(parts[1]), 10, 64)
+			if err == nil {
+				lat = append(lat, v)
+			}
+		}
+		fh.Close()
+	}
+	return lat, nil
+}
+
+// parseFio reads IOPS and mean completion latency from fio's JSON output.
+func parseFio(out []byte, write bool) (result, error) {
+	if i := bytes.IndexByte(out, '{'); i > 0 {
+		out = out[i:]
+	}
+	var r struct {
+		Jobs []struct {
+			Read, Write struct {
+				IOPS float64 `json:"iops"`
+				Clat struct {
+					Mean float64 `json:"mean"`
+				} `json:"clat_ns"`
+			}
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) == 0 {
+		return result{}, fmt.Errorf("cannot parse fio output: %v", err)
+	}
+	d := r.Jobs[0].Read
+	if write {
+		d = r.Jobs[0].Write
+	}
+	return result{iops: d.IOPS, meanUs: d.Clat.Mean / 1e3}, nil
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func fioVersion() string {
+	out, _ := exec.Command("fio", "--version").Output()
+	return strings.TrimPrefix(strings.TrimSpace(string(out)), "fio-")
+}
+
+func kernel() string {
+	var u unix.Utsname
+	unix.Uname(&u)
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// moduleDir returns the root of the dmfuse module.
+func moduleDir() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run from inside the dmfuse module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// fill writes size bytes of random data to a new file.
+func fill(path string, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i+8 <= len(buf); i += 8 {
+		v := r.Uint64()
+		for k := range 8 {
+			buf[i+k] = byte(v >> (8 * k))
+		}
+	}
+	for w := int64(0); w < size; w += int64(len(buf)) {
+		if _, err := f.Write(buf[:min(int64(len(buf)), size-w)]); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
+}
+
+func unmount(dir string) {
+	if err := unix.Unmount(dir, 0); err != nil {
+		unix.Unmount(dir, unix.MNT_DETACH)
+	}
+}
+
+func isMount(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
