@@ -21,6 +21,10 @@ type Device struct {
 
 	live atomic.Pointer[Table]
 	gate gate
+	// noflush is set from the start of a `suspend --noflush` until resume:
+	// I/O that a target pushes back (ErrPushBack) then waits for resume and
+	// is issued again instead of failing.
+	noflush atomic.Bool
 
 	opens   atomic.Int32 // open file handles (fs)
 	holders atomic.Int32 // live or inactive tables of other devices that stack on this one
@@ -169,9 +173,8 @@ func (d *Device) enter(ctx context.Context) (*Table, int, error) {
 	return t, i, nil
 }
 
-// ReadAt reads from the device. A read that reaches past the end is short
-// and one at or past the end reads nothing; neither is an error.
-func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+// readOnce is one pass of ReadAt through the gate and the live table.
+func (d *Device) readOnce(ctx context.Context, p []byte, off int64) (int, error) {
 	t, g, err := d.enter(ctx)
 	if err != nil {
 		return 0, err
@@ -189,9 +192,8 @@ func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	return t.rw(ctx, d.disk, ioRead, p, off)
 }
 
-// WriteAt writes to the device. A write crossing the end is short; one
-// starting at or past the end fails with ENOSPC; a read-only device gives EROFS.
-func (d *Device) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+// writeOnce is one pass of WriteAt through the gate and the live table.
+func (d *Device) writeOnce(ctx context.Context, p []byte, off int64) (int, error) {
 	t, g, err := d.enter(ctx)
 	if err != nil {
 		return 0, err
@@ -218,6 +220,15 @@ func (d *Device) WriteAt(ctx context.Context, p []byte, off int64) (int, error) 
 // Flush sends an empty flush to every target (and so to every underlying
 // device) and waits for it.
 func (d *Device) Flush(ctx context.Context) error {
+	for {
+		err := d.flushOnce(ctx)
+		if again, err := d.pushedBack(err); !again {
+			return err
+		}
+	}
+}
+
+func (d *Device) flushOnce(ctx context.Context) error {
 	t, g, err := d.enter(ctx)
 	if err != nil {
 		return err
@@ -237,6 +248,17 @@ func (d *Device) WriteZeroes(ctx context.Context, off, n int64) error {
 }
 
 func (d *Device) span(ctx context.Context, k ioKind, off, n int64) error {
+	for {
+		err := d.spanOnce(ctx, k, off, n)
+		if again, err := d.pushedBack(err); !again {
+			return err
+		}
+	}
+}
+
+// spanOnce is one pass of span. A discard or write-zeroes that is pushed
+// back is issued again whole: both are idempotent.
+func (d *Device) spanOnce(ctx context.Context, k ioKind, off, n int64) error {
 	t, g, err := d.enter(ctx)
 	if err != nil {
 		return err
@@ -257,3 +279,43 @@ func (d *Device) span(ctx context.Context, k ioKind, off, n int64) error {
 
 // ErrNoTable is returned by operations that need a table the device lacks.
 var ErrNoTable = errors.New("no table")
+
+// ReadAt reads from the device. A read that reaches past the end is short
+// and one at or past the end reads nothing; neither is an error.
+func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	done := 0
+	for {
+		n, err := d.readOnce(ctx, p[done:], off+int64(done))
+		done += n
+		if again, err := d.pushedBack(err); !again {
+			return done, err
+		}
+	}
+}
+
+// WriteAt writes to the device. A write crossing the end is short; one
+// starting at or past the end fails with ENOSPC; a read-only device gives EROFS.
+func (d *Device) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	done := 0
+	for {
+		n, err := d.writeOnce(ctx, p[done:], off+int64(done))
+		done += n
+		if again, err := d.pushedBack(err); !again {
+			return done, err
+		}
+	}
+}
+
+// pushedBack decides what becomes of an I/O whose piece a target pushed back
+// (spec §1.5): during a noflush suspend it is issued again once the device
+// resumes (again is true: the caller re-enters the gate, which holds it);
+// otherwise the push-back turns into EIO. Other results pass unchanged.
+func (d *Device) pushedBack(err error) (again bool, _ error) {
+	if err == nil || !errors.Is(err, ErrPushBack) {
+		return false, err
+	}
+	if d.noflush.Load() {
+		return true, nil
+	}
+	return false, syscall.EIO
+}

@@ -98,3 +98,6 @@ func (g *gate) open() {
 	g.cond.Broadcast()
 	g.mu.Unlock()
 }
+
+// block stops new I/O without waiting for the I/O inside; close waits.
+func (g *gate) block() { g.blocked.Store(true) }

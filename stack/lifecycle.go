@@ -26,6 +26,12 @@ func (d *Device) suspendLocked(noflush bool) {
 	if d.Suspended() {
 		return
 	}
+	if noflush {
+		// Hold new I/O before the presuspend hooks run, so that I/O a
+		// target pushes back from them waits at the gate for resume.
+		d.noflush.Store(true)
+		d.gate.block()
+	}
 	t := d.live.Load()
 	if t != nil {
 		for i := range t.segs {
@@ -121,6 +127,7 @@ func (d *Device) resumeLocked() (swapped bool, err error) {
 	d.mu.Lock()
 	d.mu.suspended = false
 	d.mu.Unlock()
+	d.noflush.Store(false)
 	d.gate.open()
 	return swapped, nil
 }

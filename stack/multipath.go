@@ -17,19 +17,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Multipath is the multipath target type (dm-mpath 1.14.0): priority groups of
+// Multipath is the multipath target type (dm-mpath 1.15.0): priority groups of
 // paths to one storage, a path selector per group, failover on path errors and
 // queueing while no path is left (spec §2.8). It must be alone in its table and
 // can only be replaced by another multipath table (or an error table).
-var Multipath = &TargetType{Name: "multipath", Version: [3]int{1, 14, 0}, Singleton: true, Immutable: true, New: newMultipath}
+var Multipath = &TargetType{Name: "multipath", Version: [3]int{1, 15, 0}, Singleton: true, Immutable: true, New: newMultipath}
 
 // ErrPushBack is the error of an I/O that multipath pushes back to the device
 // (dm's DM_MAPIO_REQUEUE and DM_ENDIO_REQUEUE): it found no usable path while
 // the device is being suspended with noflush and queue_if_no_path is off (as
-// presuspend turns it off). The device core is meant to re-issue such an I/O
-// after resume; where it does not, the I/O fails with EIO, which ErrPushBack
-// wraps (the kernel, too, turns a push-back into EIO outside a noflush
-// suspend).
+// presuspend turns it off). During a noflush suspend the device holds such
+// an I/O at its gate and issues it again after resume; otherwise it fails
+// with EIO, which ErrPushBack wraps (as the kernel turns a push-back into EIO
+// outside a noflush suspend).
 var ErrPushBack error = pushBackError{}
 
 type pushBackError struct{}
