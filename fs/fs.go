@@ -19,6 +19,7 @@ package fs
 import (
 	"context"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,6 +38,21 @@ type Options struct {
 	// MaxBackground caps the kernel's in-flight asynchronous requests; it
 	// bounds the queue depth a device can be driven at (default 256).
 	MaxBackground int
+
+	// Transport is how requests reach the daemon: TransportAuto (the
+	// default, also for ""), TransportURing or TransportDev. See
+	// transport.go.
+	Transport string
+	// EnableURing switches the fuse module's enable_uring parameter on
+	// before mounting (root only).
+	EnableURing bool
+	// URingDepth is the number of io_uring entries per queue (0: default).
+	URingDepth int
+	// Poll makes each io_uring queue's thread spin on its completion queue
+	// for up to this long before it sleeps (0: never spin).
+	Poll time.Duration
+	// Logf receives the transport's log lines (nil: standard error).
+	Logf func(format string, args ...any)
 }
 
 // Inode numbers of the fixed nodes; device nodes use 4*dev.Ino() + k.
@@ -49,44 +65,57 @@ const (
 // device's size or name are pushed to the kernel explicitly.
 const ttl = time.Second
 
-// Mount mounts the devices of m on dir and returns the running server. The
-// caller waits with server.Wait and unmounts with server.Unmount.
-func Mount(dir string, m *stack.Manager, o Options) (*fuse.Server, error) {
-	r := &root{mgr: m}
+// CacheTimeout is how long the kernel may cache the entries and attributes
+// of device files (the entry and attribute timeouts Mount sets).
+const CacheTimeout = ttl
+
+// DeviceOpenFlags are the FUSE open reply flags of device files: no page
+// cache (it would hide injected errors and delays), and direct writes in
+// parallel (without FOPEN_PARALLEL_DIRECT_WRITES the kernel serialises them
+// per inode).
+const DeviceOpenFlags = fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES
+
+// MountOptions returns the go-fuse mount options Mount uses for o. They are
+// exported so that a benchmark baseline can mount with exactly the same ones.
+func MountOptions(o Options) fuse.MountOptions {
 	if o.MaxBackground <= 0 {
 		o.MaxBackground = 256
 	}
+	mo := fuse.MountOptions{
+		AllowOther:    o.AllowOther,
+		FsName:        "dmfuse",
+		Name:          "dmfuse",
+		Debug:         o.Debug,
+		MaxBackground: o.MaxBackground,
+		MaxWrite:      1 << 20,
+		DisableXAttrs: true,
+		// Device reads are answered from memory, never from a file
+		// descriptor: splicing buys nothing, and a 1 MiB read does not
+		// fit a default-sized pipe.
+		DisableSplice:     true,
+		ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_ATOMIC_O_TRUNC,
+	}
+	if os.Geteuid() == 0 {
+		mo.DirectMountStrict = true
+	} else {
+		mo.DirectMount = true
+	}
+	return mo
+}
+
+// Mount mounts the devices of m on dir and returns the running server. The
+// caller waits with server.Wait and unmounts with server.Unmount.
+func Mount(dir string, m *stack.Manager, o Options) (*Server, error) {
+	r := &root{mgr: m}
 	t := ttl
 	opts := &gofs.Options{
 		EntryTimeout: &t,
 		AttrTimeout:  &t,
-		MountOptions: fuse.MountOptions{
-			AllowOther:    o.AllowOther,
-			FsName:        "dmfuse",
-			Name:          "dmfuse",
-			Debug:         o.Debug,
-			MaxBackground: o.MaxBackground,
-			MaxWrite:      1 << 20,
-			DisableXAttrs: true,
-			// Device reads are answered from memory, never from a file
-			// descriptor: splicing buys nothing, and a 1 MiB read does not
-			// fit a default-sized pipe.
-			DisableSplice:     true,
-			ExtraCapabilities: fuse.CAP_ASYNC_DIO | fuse.CAP_ATOMIC_O_TRUNC,
-		},
-	}
-	if os.Geteuid() == 0 {
-		opts.MountOptions.DirectMountStrict = true
-	} else {
-		opts.MountOptions.DirectMount = true
+		MountOptions: MountOptions(o),
 	}
 	m.OnRemove = r.forget
 	m.OnChange = r.changed
-	srv, err := gofs.Mount(dir, r, opts)
-	if err != nil {
-		return nil, err
-	}
-	return srv, nil
+	return mountTransport(dir, r, opts, o)
 }
 
 // root is the mount's top folder.
@@ -215,7 +244,7 @@ func (n *devNode) Open(_ context.Context, flags uint32) (gofs.FileHandle, uint32
 		return nil, 0, syscall.ENXIO
 	}
 	n.dev.AddOpen(1)
-	return &handle{}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES, 0
+	return &handle{}, DeviceOpenFlags, 0
 }
 
 func (n *devNode) Release(_ context.Context, f gofs.FileHandle) syscall.Errno {
@@ -225,12 +254,50 @@ func (n *devNode) Release(_ context.Context, f gofs.FileHandle) syscall.Errno {
 	return 0
 }
 
+// Read reads into go-fuse's request buffer and answers with it: the data
+// reaches the kernel with one writev and no copy in user space.
 func (n *devNode) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	k, err := n.dev.ReadAt(ctx, dest, off)
 	if err != nil {
 		return nil, gofs.ToErrno(err)
 	}
-	return fuse.ReadResultData(dest[:k]), 0
+	r := readResults.Get().(*readResult)
+	r.data = dest[:k]
+	return r, 0
+}
+
+// readResult is fuse.ReadResultData without its allocation per read: go-fuse
+// calls Done once it has written the reply (or dropped it), and Done returns
+// the result to a pool.
+type readResult struct{ data []byte }
+
+var readResults = sync.Pool{New: func() any { return new(readResult) }}
+
+var _ fuse.ReadResult = (*readResult)(nil)
+
+// Bytes returns the data read, which lives in the request buffer.
+func (r *readResult) Bytes([]byte) ([]byte, fuse.Status) { return r.data, fuse.OK }
+
+// Size is the number of bytes read.
+func (r *readResult) Size() int { return len(r.data) }
+
+// Readv copies the data into dst, for transports that ask for it.
+func (r *readResult) Readv(dst [][]byte) (int, fuse.Status) {
+	n, src := 0, r.data
+	for _, d := range dst {
+		if len(src) == 0 {
+			break
+		}
+		k := copy(d, src)
+		n, src = n+k, src[k:]
+	}
+	return n, fuse.OK
+}
+
+// Done returns r to the pool.
+func (r *readResult) Done() {
+	r.data = nil
+	readResults.Put(r)
 }
 
 func (n *devNode) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {

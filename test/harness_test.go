@@ -99,6 +99,7 @@ func startDaemon(t *testing.T, dir, config string, extra ...string) *daemon {
 		}
 		args = append(args, "--config", cfg)
 	}
+	args = append(args, transportArgs(extra)...)
 	args = append(args, extra...)
 	args = append(args, mnt)
 	d := &daemon{t: t, mnt: mnt, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
@@ -218,4 +219,20 @@ func sparseFile(t *testing.T, path string, size int64) {
 	if err := f.Truncate(size); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// transportArgs passes DMFUSE_TRANSPORT (auto, uring or dev) on to the
+// daemon unless the test picks a transport itself, so that the whole suite
+// can run on each transport.
+func transportArgs(extra []string) []string {
+	t := os.Getenv("DMFUSE_TRANSPORT")
+	if t == "" {
+		return nil
+	}
+	for _, a := range extra {
+		if a == "--transport" || strings.HasPrefix(a, "--transport=") {
+			return nil
+		}
+	}
+	return []string{"--transport", t}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -33,13 +34,18 @@ type MountCmd struct {
 	AllowOther  bool   `help:"Let other users use the device files."`
 	Debug       bool   `help:"Log every FUSE request." hidden:""`
 
+	Transport   string        `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
+	EnableURing bool          `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
+	Poll        time.Duration `help:"Let each io_uring queue spin up to this long for the next request before sleeping (0: off)." default:"0"`
+	URingDepth  int           `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a 1 MiB buffer (0: default)." default:"0"`
+
 	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
 }
 
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
 	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type)
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath)
 	if err != nil {
 		panic(err)
 	}
@@ -81,11 +87,42 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err := createAll(mgr, text, base); err != nil {
 		return fmt.Errorf("%s: %w", src, err)
 	}
+	var err error
 
-	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug})
+	// Signals are caught before the mount answers: a SIGTERM sent as soon as
+	// the mount works must unmount and remove the control socket, not kill.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	// The socket exists before the mount answers, so that a client that
+	// waits for the mount finds it; requests are served once fs has set the
+	// manager's hooks.
+	sock, strict := g.Control, false
+	if sock == "" {
+		if sock, err = stack.DefaultControlPath(dir); err != nil {
+			return err
+		}
+		strict = true
+	}
+	ln, err := stack.ListenControl(sock, strict)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+
+	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
+		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
+	ctl := stack.NewControlServer(mgr)
+	go func() {
+		if err := ctl.Serve(ln); err != nil {
+			fmt.Fprintf(os.Stderr, "dmfuse: %v\n", err)
+		}
+	}()
+	defer ctl.Close()
 	if c.MetricsAddr != "" {
 		exp := stats.NewExporter(func() []stats.Named {
 			var out []stats.Named
@@ -106,11 +143,8 @@ func (c *MountCmd) Run(g *Globals) error {
 		}()
 		defer hs.Close()
 	}
-	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s\n", len(mgr.Devices()), dir)
+	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s; control socket %s\n", len(mgr.Devices()), dir, sock)
 
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	done := make(chan struct{})
 	go func() { srv.Wait(); close(done) }()
 	for {

@@ -1,0 +1,241 @@
+package uring
+
+import (
+	"unsafe"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// FUSE opcodes served on the rings (include/uapi/linux/fuse.h).
+const (
+	opLookup      = 1
+	opGetattr     = 3
+	opSetattr     = 4
+	opOpen        = 14
+	opRead        = 15
+	opWrite       = 16
+	opStatfs      = 17
+	opRelease     = 18
+	opFsync       = 20
+	opFlush       = 25
+	opOpendir     = 27
+	opReaddir     = 28
+	opReleasedir  = 29
+	opFsyncdir    = 30
+	opAccess      = 34
+	opFallocate   = 43
+	opReaddirplus = 44
+	opLseek       = 46
+)
+
+// Layout of the per-entry header buffer (struct fuse_uring_req_header).
+const (
+	hdrInOut      = 0   // fuse_in_header on arrival, fuse_out_header on reply
+	hdrOpIn       = 128 // the opcode's fixed input struct
+	hdrEntInOut   = 256 // struct fuse_uring_ent_in_out
+	hdrCommitID   = hdrEntInOut + 8
+	hdrPayloadSz  = hdrEntInOut + 16
+	headerBufSize = 288
+
+	inHeaderSize  = int(unsafe.Sizeof(fuse.InHeader{}))
+	outHeaderSize = int(unsafe.Sizeof(fuse.OutHeader{}))
+)
+
+// opInSize is the size of each served opcode's fixed input struct as the
+// kernel sends it; go-fuse's structs are the in-header followed by the same
+// bytes.
+var opInSize = [...]int{
+	opGetattr:     16,
+	opSetattr:     88,
+	opOpen:        8,
+	opRead:        40,
+	opWrite:       40,
+	opRelease:     24,
+	opFsync:       16,
+	opFlush:       24,
+	opOpendir:     8,
+	opReaddir:     40,
+	opReleasedir:  24,
+	opFsyncdir:    16,
+	opAccess:      8,
+	opFallocate:   32,
+	opReaddirplus: 40,
+	opLseek:       24,
+}
+
+// Reply sizes of fixed replies; the kernel wants exactly these.
+var (
+	entryOutSize  = int(unsafe.Sizeof(fuse.EntryOut{}))
+	attrOutSize   = int(unsafe.Sizeof(fuse.AttrOut{}))
+	openOutSize   = int(unsafe.Sizeof(fuse.OpenOut{}))
+	writeOutSize  = int(unsafe.Sizeof(fuse.WriteOut{}))
+	statfsOutSize = int(unsafe.Sizeof(fuse.StatfsOut{}))
+	lseekOutSize  = int(unsafe.Sizeof(fuse.LseekOut{}))
+)
+
+// entry is one registered ring entry: a header buffer and a payload buffer
+// that the kernel fills with a request and the server overwrites with the
+// reply.
+type entry struct {
+	q   *queue
+	idx int
+
+	hdr     []byte // headerBufSize bytes, in the queue's mapping
+	payload []byte // the payload buffer, in the queue's mapping
+	iov     [2]iovec
+
+	commitID uint64
+	nodeID   uint64
+
+	// in holds the in-header followed by the opcode's input struct, laid
+	// out as go-fuse's ...In structs expect them.
+	in [32]uint64
+
+	next *entry // in the queue's list of finished entries
+}
+
+// iovec is struct iovec.
+type iovec struct {
+	base uintptr
+	len  uint64
+}
+
+func (e *entry) inBytes() []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(&e.in[0])), len(e.in)*8)
+}
+
+// prepare copies the request header and input struct out of the ring
+// buffers and returns the opcode.
+func (e *entry) prepare() uint32 {
+	in := e.inBytes()
+	copy(in[:inHeaderSize], e.hdr[hdrInOut:])
+	h := (*fuse.InHeader)(unsafe.Pointer(&e.in[0]))
+	e.commitID = *(*uint64)(unsafe.Pointer(&e.hdr[hdrCommitID]))
+	e.nodeID = h.NodeId
+	op := h.Opcode
+	n := 0
+	if int(op) < len(opInSize) {
+		n = opInSize[op]
+	}
+	copy(in[inHeaderSize:inHeaderSize+n], e.hdr[hdrOpIn:hdrOpIn+n])
+	clear(in[inHeaderSize+n:])
+	return op
+}
+
+// out returns a zeroed reply struct of size n at the start of the payload.
+func (e *entry) out(n int) unsafe.Pointer {
+	clear(e.payload[:n])
+	return unsafe.Pointer(&e.payload[0])
+}
+
+// name returns the NUL-terminated name at the start of the input payload.
+func name(p []byte) string {
+	for i, c := range p {
+		if c == 0 {
+			return string(p[:i])
+		}
+	}
+	return string(p)
+}
+
+// dispatch answers the request held by e through fs and writes the reply
+// into e's buffers. Operations that dmfuse's tree does not serve are
+// answered ENOSYS, as go-fuse does.
+func (e *entry) dispatch(fs fuse.RawFileSystem, cancel <-chan struct{}) {
+	op := (*fuse.InHeader)(unsafe.Pointer(&e.in[0])).Opcode
+	h := (*fuse.InHeader)(unsafe.Pointer(&e.in[0]))
+	psz := int(*(*uint32)(unsafe.Pointer(&e.hdr[hdrPayloadSz])))
+	psz = min(psz, len(e.payload))
+	input := e.payload[:psz]
+	if ext := int(h.TotalExtlen) * 8; ext > 0 && ext <= len(input) {
+		input = input[:len(input)-ext]
+	}
+	inPtr := unsafe.Pointer(&e.in[0])
+
+	var st fuse.Status
+	n := 0
+	switch op {
+	case opLookup:
+		nm := name(input)
+		out := (*fuse.EntryOut)(e.out(entryOutSize))
+		st = fs.Lookup(cancel, h, nm, out)
+		n = entryOutSize
+	case opGetattr:
+		st = fs.GetAttr(cancel, (*fuse.GetAttrIn)(inPtr), (*fuse.AttrOut)(e.out(attrOutSize)))
+		n = attrOutSize
+	case opSetattr:
+		st = fs.SetAttr(cancel, (*fuse.SetAttrIn)(inPtr), (*fuse.AttrOut)(e.out(attrOutSize)))
+		n = attrOutSize
+	case opOpen:
+		st = fs.Open(cancel, (*fuse.OpenIn)(inPtr), (*fuse.OpenOut)(e.out(openOutSize)))
+		n = openOutSize
+	case opOpendir:
+		st = fs.OpenDir(cancel, (*fuse.OpenIn)(inPtr), (*fuse.OpenOut)(e.out(openOutSize)))
+		n = openOutSize
+	case opRead:
+		in := (*fuse.ReadIn)(inPtr)
+		buf := e.payload[:min(int(in.Size), len(e.payload))]
+		var res fuse.ReadResult
+		res, st = fs.Read(cancel, in, buf)
+		if res != nil {
+			if st.Ok() {
+				var b []byte
+				b, st = res.Bytes(buf)
+				if st.Ok() {
+					if len(b) > 0 && &b[0] != &buf[0] {
+						copy(buf, b)
+					}
+					n = min(len(b), len(buf))
+				}
+			}
+			res.Done()
+		}
+	case opWrite:
+		in := (*fuse.WriteIn)(inPtr)
+		data := input[:min(int(in.Size), len(input))]
+		var w uint32
+		w, st = fs.Write(cancel, in, data)
+		// The data is consumed: the reply may overwrite it.
+		(*fuse.WriteOut)(e.out(writeOutSize)).Size = w
+		n = writeOutSize
+	case opStatfs:
+		st = fs.StatFs(cancel, h, (*fuse.StatfsOut)(e.out(statfsOutSize)))
+		n = statfsOutSize
+	case opRelease:
+		fs.Release(cancel, (*fuse.ReleaseIn)(inPtr))
+	case opReleasedir:
+		fs.ReleaseDir((*fuse.ReleaseIn)(inPtr))
+	case opFsync:
+		st = fs.Fsync(cancel, (*fuse.FsyncIn)(inPtr))
+	case opFsyncdir:
+		st = fs.FsyncDir(cancel, (*fuse.FsyncIn)(inPtr))
+	case opFlush:
+		st = fs.Flush(cancel, (*fuse.FlushIn)(inPtr))
+	case opAccess:
+		st = fs.Access(cancel, (*fuse.AccessIn)(inPtr))
+	case opFallocate:
+		st = fs.Fallocate(cancel, (*fuse.FallocateIn)(inPtr))
+	case opLseek:
+		st = fs.Lseek(cancel, (*fuse.LseekIn)(inPtr), (*fuse.LseekOut)(e.out(lseekOutSize)))
+		n = lseekOutSize
+	case opReaddir, opReaddirplus:
+		in := (*fuse.ReadIn)(inPtr)
+		l := fuse.NewDirEntryList(e.payload[:min(int(in.Size), len(e.payload))], in.Offset)
+		if op == opReaddir {
+			st = fs.ReadDir(cancel, in, l)
+		} else {
+			st = fs.ReadDirPlus(cancel, in, l)
+		}
+		n = len(l.Bytes())
+	default:
+		st = fuse.ENOSYS
+	}
+	if !st.Ok() {
+		n = 0
+	}
+	o := (*fuse.OutHeader)(unsafe.Pointer(&e.hdr[hdrInOut]))
+	o.Unique = h.Unique
+	o.Status = -int32(st)
+	o.Length = uint32(outHeaderSize + n)
+	*(*uint32)(unsafe.Pointer(&e.hdr[hdrPayloadSz])) = uint32(n)
+}

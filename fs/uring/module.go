@@ -1,0 +1,59 @@
+// Package uring serves a FUSE connection through FUSE-over-io_uring queues
+// (Linux 6.14 and later) instead of read(2) and write(2) on /dev/fuse.
+//
+// The kernel keeps one queue per possible CPU and sends a request to the
+// queue of the CPU it was issued on. Each queue here is one io_uring ring
+// with Depth registered entries (a header buffer and a payload buffer each),
+// served by a thread locked to the queue's CPU. FUSE_INIT, FORGET,
+// BATCH_FORGET and INTERRUPT still arrive on /dev/fuse, and notifications are
+// written there: the /dev/fuse reader of go-fuse keeps doing that, and this
+// package answers everything else by calling the same fuse.RawFileSystem.
+//
+// A queue's thread answers a request inline, which is the fast path: one
+// io_uring_enter both commits the previous reply and waits for the next
+// request. A request that holds the thread for long (a delay target, a
+// suspended device) must not stall the other requests of its CPU: a
+// watchdog then hands the ring to a standby thread, and requests of that
+// node are answered on goroutines for a while, their replies committed by the
+// queue's current thread.
+package uring
+
+import (
+	"errors"
+	"os"
+	"strings"
+)
+
+// ModuleParam is the fuse module parameter that lets the kernel offer
+// FUSE_OVER_IO_URING in FUSE_INIT.
+const ModuleParam = "/sys/module/fuse/parameters/enable_uring"
+
+// Available returns nil if new FUSE connections will be offered io_uring,
+// and otherwise why not.
+func Available() error {
+	b, err := os.ReadFile(ModuleParam)
+	if errors.Is(err, os.ErrNotExist) {
+		return errors.New("the kernel has no FUSE over io_uring (needs Linux 6.14 with CONFIG_FUSE_IO_URING)")
+	}
+	if err != nil {
+		return err
+	}
+	if v := strings.TrimSpace(string(b)); v != "Y" && v != "1" {
+		return errors.New(ModuleParam + " is " + v)
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/io_uring_disabled"); err == nil {
+		if v := strings.TrimSpace(string(b)); v == "2" || (v == "1" && os.Geteuid() != 0) {
+			return errors.New("io_uring is disabled (/proc/sys/kernel/io_uring_disabled is " + v + ")")
+		}
+	}
+	return nil
+}
+
+// Enable switches the fuse module parameter on (root only). Connections
+// made before keep /dev/fuse.
+func Enable() error {
+	if err := Available(); err == nil {
+		return nil
+	}
+	return os.WriteFile(ModuleParam, []byte("Y"), 0)
+}

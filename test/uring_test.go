@@ -1,0 +1,163 @@
+package test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// uringParam is the fuse module parameter that lets the kernel offer io_uring.
+const uringParam = "/sys/module/fuse/parameters/enable_uring"
+
+// requireURing skips unless the kernel offers FUSE over io_uring now.
+func requireURing(t *testing.T) {
+	t.Helper()
+	requireFUSE(t)
+	b, err := os.ReadFile(uringParam)
+	if err != nil || strings.TrimSpace(string(b)) != "Y" {
+		t.Skipf("FUSE over io_uring is not switched on (%s)", uringParam)
+	}
+}
+
+// checkIO writes and reads back through a device file with O_DIRECT-sized
+// requests and a fsync.
+func checkIO(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	want := []byte(strings.Repeat("dmfuse-uring ", 400))
+	if _, err := f.WriteAt(want, 12345); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if _, err := f.ReadAt(got, 12345); err != nil || string(got) != string(want) {
+		t.Fatalf("read back %q..., %v", got[:20], err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 12288, 4096); err != nil {
+		t.Fatalf("punch hole: %v", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+		t.Fatalf("statfs: %v", err)
+	}
+	ents, err := os.ReadDir(filepath.Dir(path))
+	if err != nil || len(ents) < 2 {
+		t.Fatalf("readdir: %v %v", ents, err)
+	}
+}
+
+func TestURingTransport(t *testing.T) {
+	requireURing(t)
+	dir := t.TempDir()
+	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
+	d := startDaemon(t, dir, "lin,,,rw,0 16384 linear ./a.img 0;", "--transport", "uring", "--uring-depth", "4")
+	if !strings.Contains(d.stderr.String(), "transport io_uring") {
+		t.Fatalf("no io_uring transport in the log: %s", d.stderr)
+	}
+	checkIO(t, d.path("lin"))
+	// More requests in flight than a queue has entries.
+	requireTool(t, "fio")
+	run(t, "fio", "--name=q", "--filename="+d.path("lin"), "--direct=1", "--bs=4k", "--rw=randwrite",
+		"--ioengine=io_uring", "--iodepth=32", "--numjobs=2", "--size=4m", "--offset_increment=4m", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0")
+	if err := d.stop(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit code %d after SIGTERM", code)
+	}
+	if mounted(d.mnt) {
+		t.Error("still mounted after SIGTERM")
+	}
+}
+
+func TestURingExternalUnmountAndKill(t *testing.T) {
+	requireURing(t)
+	dir := t.TempDir()
+	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
+	conf := "lin,,,rw,0 16384 linear ./a.img 0;"
+	d := startDaemon(t, dir, conf, "--transport", "uring")
+	if err := unix.Unmount(d.mnt, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.stop(syscall.Signal(0)); err != nil {
+		t.Fatalf("daemon did not exit after umount: %v", err)
+	}
+	d = startDaemon(t, dir, conf, "--transport", "uring")
+	d.cmd.Process.Kill()
+	<-d.done
+	d.done <- nil
+	// Requests that race the kernel's teardown of the rings (it runs after
+	// the process is gone) fail with ECONNABORTED or ECANCELED; after it,
+	// the dead mount answers ENOTCONN.
+	_, err := os.Stat(d.path("lin"))
+	if !errors.Is(err, syscall.ENOTCONN) && !errors.Is(err, syscall.ECONNABORTED) && !errors.Is(err, syscall.ECANCELED) {
+		t.Fatalf("after kill: %v", err)
+	}
+	d2 := startDaemon(t, dir, conf, "--transport", "uring")
+	if !strings.Contains(d2.stderr.String(), "stale mount") {
+		t.Errorf("no message about the stale mount: %s", d2.stderr)
+	}
+	checkIO(t, d2.path("lin"))
+}
+
+func TestURingRegistrationFallback(t *testing.T) {
+	requireURing(t)
+	t.Setenv("DMFUSE_URING_PAYLOAD", "4096") // smaller than the kernel accepts
+	dir := t.TempDir()
+	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
+	d := startDaemon(t, dir, "lin,,,rw,0 16384 linear ./a.img 0;", "--transport", "auto")
+	// The kernel serves through /dev/fuse as soon as a registration
+	// fails, a little before the daemon has logged it.
+	waitLog(t, d, "registration failed, falling back")
+	checkIO(t, d.path("lin"))
+	if err := d.stop(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(d.mnt) {
+		t.Error("still mounted after SIGTERM")
+	}
+}
+
+func TestTransportDevAndUnavailable(t *testing.T) {
+	requireFUSE(t)
+	dir := t.TempDir()
+	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
+	d := startDaemon(t, dir, "lin,,,rw,0 16384 linear ./a.img 0;", "--transport", "dev")
+	if !strings.Contains(d.stderr.String(), "transport /dev/fuse") {
+		t.Fatalf("no /dev/fuse transport in the log: %s", d.stderr)
+	}
+	checkIO(t, d.path("lin"))
+	b, err := os.ReadFile(uringParam)
+	if err != nil || strings.TrimSpace(string(b)) == "Y" {
+		return
+	}
+	// Without the module parameter, auto falls back and says why.
+	d = startDaemon(t, t.TempDir(), "z,,,rw,0 8 zero;", "--transport", "auto")
+	if !strings.Contains(d.stderr.String(), "io_uring is not available") {
+		t.Errorf("no reason for the fallback in the log: %s", d.stderr)
+	}
+}
+
+// waitLog waits until the daemon's log contains s.
+func waitLog(t *testing.T, d *daemon, s string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(d.stderr.String(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q not in the log: %s", s, d.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
