@@ -80,7 +80,7 @@ type Server struct {
 	// inline request while it is parked wakes it.
 	dogParked atomic.Bool
 	dogWake   chan struct{}
-	done    chan struct{}
+	done      chan struct{}
 }
 
 // epoch is the base of the monotonic clock used on the I/O path.
