@@ -1,0 +1,656 @@
+// Command bench measures dmfuse devices against the FUSE floor with fio, side
+// by side in one run.
+//
+//	go run ./test/bench [-devices LIST] [-jobs LIST] [-pairs N] [-runtime D] [-out FILE]
+//
+// dmfuse runs with --transport=dev by default, the transport of the baseline
+// (go-fuse reading /dev/fuse); -transport=uring measures FUSE over io_uring
+// against the same baseline.
+//
+// It needs root, /dev/fuse, fio and losetup; it installs nothing. It builds
+// dmfuse and the baseline server (test/bench/baseline), mounts a private
+// tmpfs with the backing files, mounts dmfuse on it with these devices:
+//
+//	zero     0 S zero
+//	linear   0 S linear TMPFS/lin.img 0
+//	striped  0 S striped 2 128 TMPFS/s0.img 0 TMPFS/s1.img 0
+//	stack3   linear over linear over linear over TMPFS/lin.img
+//	delay0   0 S delay TMPFS/lin.img 0 0
+//
+// and mounts the baseline on TMPFS/lin.img, the file the linear device uses.
+// For scale it also measures that tmpfs file itself ("tmpfs") and a loop
+// device with direct I/O over it ("loop").
+//
+// Every job runs on the baseline and on each device in interleaved pairs
+// (baseline, device, baseline, device, ...). The table shows the medians over
+// the pairs of IOPS, bandwidth, mean and 99th percentile latency, and the
+// median of the per-pair ratios device/baseline (IOPS, or bandwidth for the
+// 1 MiB jobs). It is printed and written to -out.
+//
+// Everything it set up (fio, loop device, mounts, daemons, tmpfs, scratch
+// folder) is torn down on exit, on error and on SIGINT or SIGTERM.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// job is one fio workload.
+type job struct {
+	name  string
+	title string
+	args  []string
+	write bool
+	bw    bool    // compare bandwidth, not IOPS
+	notes float64 // the platform notes' figure for the baseline (IOPS or MB/s); 0 if none
+}
+
+var allJobs = []job{
+	{name: "randread", title: "4k randread psync QD1", write: false, notes: 18.5e3,
+		args: []string{"--rw=randread", "--bs=4k", "--ioengine=psync", "--iodepth=1", "--numjobs=1"}},
+	{name: "randwrite", title: "4k randwrite psync QD1", write: true, notes: 20.6e3,
+		args: []string{"--rw=randwrite", "--bs=4k", "--ioengine=psync", "--iodepth=1", "--numjobs=1"}},
+	{name: "uring-randread", title: "4k randread io_uring 2x32", write: false, notes: 58e3,
+		args: []string{"--rw=randread", "--bs=4k", "--ioengine=io_uring", "--iodepth=32", "--numjobs=2"}},
+	{name: "uring-randwrite", title: "4k randwrite io_uring 2x32", write: true, notes: 88e3,
+		args: []string{"--rw=randwrite", "--bs=4k", "--ioengine=io_uring", "--iodepth=32", "--numjobs=2"}},
+	{name: "seqread", title: "1 MiB read io_uring QD4", write: false, bw: true, notes: 5900,
+		args: []string{"--rw=read", "--bs=1M", "--ioengine=io_uring", "--iodepth=4", "--numjobs=1"}},
+	{name: "seqwrite", title: "1 MiB write io_uring QD4", write: true, bw: true,
+		args: []string{"--rw=write", "--bs=1M", "--ioengine=io_uring", "--iodepth=4", "--numjobs=1"}},
+}
+
+// The platform notes' figures for the raw tmpfs file, to tell a slow
+// machine from a slow baseline.
+var notesTmpfs = map[string]float64{"randread": 487e3, "randwrite": 453e3, "uring-randread": 605e3, "uring-randwrite": 414e3, "seqread": 8400}
+
+var allDevices = []string{"zero", "linear", "striped", "stack3", "delay0", "tmpfs", "loop"}
+
+// sample is one fio run's result.
+type sample struct {
+	iops, mbps, meanUs, p99Us float64
+}
+
+func main() {
+	var (
+		devices = flag.String("devices", strings.Join(allDevices, ","), "devices to measure against the baseline")
+		jobs    = flag.String("jobs", jobNames(), "fio jobs to run")
+		pairs   = flag.Int("pairs", 5, "interleaved (baseline, device) pairs per job and device")
+		rt      = flag.Duration("runtime", 2*time.Second, "fio runtime of one run, after a ramp of a quarter of it")
+		size    = flag.Int64("size", 512, "size of each device and backing file, MiB")
+		out     = flag.String("out", "bench.md", "file to write the markdown table to")
+		transp  = flag.String("transport", "dev", "dmfuse --transport: dev is the baseline's transport (go-fuse reading /dev/fuse); \"\" passes none")
+		env     = flag.String("daemon-env", "", "extra environment of the dmfuse daemon, e.g. GOMAXPROCS=4 (comma separated)")
+		hold    = flag.Bool("hold", false, "after setting up, print the mounts and wait for SIGINT (for profiling by hand)")
+	)
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: go run ./test/bench [flags]\n\nNeeds root, /dev/fuse, fio and losetup (util-linux).\n\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	b := &bench{pairs: *pairs, runtime: *rt, size: *size << 20, out: *out, hold: *hold, transport: *transp}
+	if *env != "" {
+		b.daemonEnv = strings.Split(*env, ",")
+	}
+	var err error
+	if b.jobs, err = pick(*jobs, allJobs); err == nil {
+		b.devices, err = pickDevices(*devices)
+	}
+	if err == nil && b.pairs < 1 {
+		err = errors.New("-pairs must be at least 1")
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "\nbench: %v: stopping and cleaning up\n", s)
+		cancel()
+	}()
+	err = b.run(ctx)
+	b.cleanup()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func jobNames() string {
+	var s []string
+	for _, j := range allJobs {
+		s = append(s, j.name)
+	}
+	return strings.Join(s, ",")
+}
+
+func pick(list string, from []job) ([]job, error) {
+	var out []job
+	for _, n := range strings.Split(list, ",") {
+		i := slices.IndexFunc(from, func(j job) bool { return j.name == n })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown job %q (have %s)", n, jobNames())
+		}
+		out = append(out, from[i])
+	}
+	return out, nil
+}
+
+func pickDevices(list string) ([]string, error) {
+	var out []string
+	for _, n := range strings.Split(list, ",") {
+		if n == "" {
+			continue
+		}
+		if !slices.Contains(allDevices, n) {
+			return nil, fmt.Errorf("unknown device %q (have %s)", n, strings.Join(allDevices, ","))
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// bench is one run: its settings and everything it has set up.
+type bench struct {
+	pairs     int
+	runtime   time.Duration
+	size      int64
+	out       string
+	hold      bool
+	transport string
+	daemonEnv []string
+	jobs      []job
+	devices   []string
+
+	scratch   string
+	tmpfs     string
+	undo      []func() // run last first by cleanup
+	paths     map[string]string
+	dmfusePID int
+}
+
+func (b *bench) defer_(f func()) { b.undo = append(b.undo, f) }
+
+func (b *bench) cleanup() {
+	for i := len(b.undo) - 1; i >= 0; i-- {
+		b.undo[i]()
+	}
+	b.undo = nil
+}
+
+func logf(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
+
+func (b *bench) run(ctx context.Context) error {
+	if err := b.check(); err != nil {
+		return err
+	}
+	if err := b.setup(ctx); err != nil {
+		return err
+	}
+	if b.hold {
+		logf("holding; dmfuse pid %d; paths:", b.dmfusePID)
+		for _, k := range append([]string{"baseline"}, b.devices...) {
+			logf("  %-8s %s", k, b.paths[k])
+		}
+		<-ctx.Done()
+		return nil
+	}
+	res := map[string]map[string][]sample{} // job -> device -> samples
+	ratios := map[string]map[string][]float64{}
+	runs := len(b.jobs) * len(b.devices) * b.pairs * 2
+	logf("%d fio runs of %v (+%v ramp): about %v", runs, b.runtime, b.ramp(), time.Duration(runs)*(b.runtime+b.ramp()+300*time.Millisecond).Round(time.Second))
+	start := time.Now()
+	for _, j := range b.jobs {
+		res[j.name], ratios[j.name] = map[string][]sample{}, map[string][]float64{}
+		for p := 0; p < b.pairs; p++ {
+			for _, d := range b.devices {
+				base, err := b.fio(ctx, j, "baseline")
+				if err != nil {
+					return err
+				}
+				s, err := b.fio(ctx, j, d)
+				if err != nil {
+					return err
+				}
+				res[j.name]["baseline"] = append(res[j.name]["baseline"], base)
+				res[j.name][d] = append(res[j.name][d], s)
+				r := s.iops / base.iops
+				if j.bw {
+					r = s.mbps / base.mbps
+				}
+				ratios[j.name][d] = append(ratios[j.name][d], r)
+			}
+			logf("%s: pair %d/%d done (%v)", j.name, p+1, b.pairs, time.Since(start).Round(time.Second))
+		}
+	}
+	report := b.report(res, ratios, time.Since(start))
+	fmt.Print(report)
+	if err := os.WriteFile(b.out, []byte(report), 0o644); err != nil {
+		return err
+	}
+	logf("wrote %s", b.out)
+	return nil
+}
+
+// check fails early, saying what is missing.
+func (b *bench) check() error {
+	var miss []string
+	if os.Geteuid() != 0 {
+		miss = append(miss, "root (for mounts and loop devices)")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		miss = append(miss, "/dev/fuse")
+	}
+	need := []string{"fio", "go"}
+	if slices.Contains(b.devices, "loop") {
+		need = append(need, "losetup")
+	}
+	for _, t := range need {
+		if _, err := exec.LookPath(t); err != nil {
+			miss = append(miss, t+" (e.g. apt-get install -y fio)")
+		}
+	}
+	if len(miss) > 0 {
+		return fmt.Errorf("missing: %s", strings.Join(miss, ", "))
+	}
+	return nil
+}
+
+func (b *bench) ramp() time.Duration { return b.runtime / 4 }
+
+// setup builds the binaries, mounts the tmpfs and both file systems and
+// attaches the loop device.
+func (b *bench) setup(ctx context.Context) error {
+	var err error
+	if b.scratch, err = os.MkdirTemp("", "dmfuse-bench-"); err != nil {
+		return err
+	}
+	b.defer_(func() { os.RemoveAll(b.scratch) })
+
+	modDir, err := moduleDir()
+	if err != nil {
+		return err
+	}
+	logf("building dmfuse and the baseline in %s", b.scratch)
+	for _, p := range [][2]string{{"dmfuse", "./cmd/dmfuse"}, {"baseline", "./test/bench/baseline"}} {
+		c := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(b.scratch, p[0]), p[1])
+		c.Dir = modDir
+		if out, err := c.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", p[1], err, out)
+		}
+	}
+
+	// A private tmpfs: one unmount removes every backing file.
+	b.tmpfs = filepath.Join(b.scratch, "tmpfs")
+	if err := os.Mkdir(b.tmpfs, 0o755); err != nil {
+		return err
+	}
+	tsize := fmt.Sprintf("size=%dk", (3*b.size+64<<20)>>10)
+	if err := unix.Mount("tmpfs", b.tmpfs, "tmpfs", 0, tsize); err != nil {
+		return fmt.Errorf("mount tmpfs: %w", err)
+	}
+	b.defer_(func() { unmount(b.tmpfs) })
+	lin, s0, s1 := filepath.Join(b.tmpfs, "lin.img"), filepath.Join(b.tmpfs, "s0.img"), filepath.Join(b.tmpfs, "s1.img")
+	// Filled with data: tmpfs reads holes without touching a page, which
+	// would flatter every read.
+	for _, f := range []struct {
+		path string
+		size int64
+	}{{lin, b.size}, {s0, b.size / 2}, {s1, b.size / 2}} {
+		if err := fill(f.path, f.size); err != nil {
+			return err
+		}
+	}
+
+	sec := b.size / 512
+	cfg := strings.Join([]string{
+		fmt.Sprintf("zero,,,rw,0 %d zero", sec),
+		fmt.Sprintf("linear,,,rw,0 %d linear %s 0", sec, lin),
+		fmt.Sprintf("striped,,,rw,0 %d striped 2 128 %s 0 %s 0", sec, s0, s1),
+		fmt.Sprintf("deep1,,,rw,0 %d linear %s 0", sec, lin),
+		fmt.Sprintf("deep2,,,rw,0 %d linear deep1 0", sec),
+		fmt.Sprintf("stack3,,,rw,0 %d linear deep2 0", sec),
+		fmt.Sprintf("delay0,,,rw,0 %d delay %s 0 0", sec, lin),
+	}, ";\n") + "\n"
+	cfgPath := filepath.Join(b.scratch, "bench.conf")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+
+	dm, base := filepath.Join(b.scratch, "dm"), filepath.Join(b.scratch, "base")
+	argv := []string{filepath.Join(b.scratch, "dmfuse"), "mount", "--config", cfgPath}
+	if b.transport != "" {
+		argv = append(argv, "--transport="+b.transport)
+	}
+	pid, err := b.daemon(ctx, "dmfuse", dm, filepath.Join(dm, "linear"), b.daemonEnv, append(argv, dm)...)
+	if err != nil {
+		return err
+	}
+	b.dmfusePID = pid
+	if err := os.Mkdir(base, 0o755); err != nil {
+		return err
+	}
+	if _, err := b.daemon(ctx, "baseline", base, filepath.Join(base, "file"), nil,
+		filepath.Join(b.scratch, "baseline"), lin, base); err != nil {
+		return err
+	}
+
+	b.paths = map[string]string{"baseline": filepath.Join(base, "file"), "tmpfs": lin}
+	for _, d := range []string{"zero", "linear", "striped", "stack3", "delay0"} {
+		b.paths[d] = filepath.Join(dm, d)
+	}
+	if slices.Contains(b.devices, "loop") {
+		out, err := exec.CommandContext(ctx, "losetup", "--direct-io=on", "-f", "--show", lin).Output()
+		if err != nil {
+			return fmt.Errorf("losetup: %w", err)
+		}
+		loop := strings.TrimSpace(string(out))
+		b.defer_(func() {
+			if err := exec.Command("losetup", "-d", loop).Run(); err != nil {
+				logf("losetup -d %s: %v", loop, err)
+			}
+		})
+		b.paths["loop"] = loop
+	}
+	return nil
+}
+
+// daemon starts a FUSE server in its own process group (so that a Ctrl-C
+// reaches it only through cleanup, in order) and waits until ready exists.
+// Cleanup sends SIGTERM, waits, and falls back to a lazy unmount and SIGKILL.
+func (b *bench) daemon(ctx context.Context, name, mnt, ready string, env []string, argv ...string) (int, error) {
+	var stderr bytes.Buffer
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Stderr = &stderr
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Env = append(os.Environ(), env...)
+	if err := c.Start(); err != nil {
+		return 0, err
+	}
+	done := make(chan struct{})
+	go func() { c.Wait(); close(done) }()
+	b.defer_(func() {
+		c.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			logf("%s did not exit within 10s of SIGTERM; unmounting lazily and killing it\n%s", name, stderr.String())
+			unix.Unmount(mnt, unix.MNT_DETACH)
+			c.Process.Kill()
+			<-done
+		}
+		if isMount(mnt) {
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if st, err := os.Stat(ready); err == nil && st.Size() > 0 {
+			return c.Process.Pid, nil
+		}
+		select {
+		case <-done:
+			return 0, fmt.Errorf("%s exited before mounting:\n%s", name, stderr.String())
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%s did not mount within 20s:\n%s", name, stderr.String())
+		}
+	}
+}
+
+// fio runs job j on device d once.
+func (b *bench) fio(ctx context.Context, j job, d string) (sample, error) {
+	args := append([]string{
+		"--name=" + j.name, "--filename=" + b.paths[d], "--direct=1", "--thread",
+		"--time_based", fmt.Sprintf("--runtime=%dms", b.runtime.Milliseconds()),
+		fmt.Sprintf("--ramp_time=%dms", b.ramp().Milliseconds()),
+		fmt.Sprintf("--size=%d", b.size), "--group_reporting", "--lat_percentiles=1",
+		"--randrepeat=0", "--output-format=json",
+	}, j.args...)
+	c := exec.CommandContext(ctx, "fio", args...)
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	out, err := c.Output()
+	if err != nil {
+		return sample{}, fmt.Errorf("fio %s on %s: %v\n%s", j.name, d, err, stderr.String())
+	}
+	return parseFio(out, j.write)
+}
+
+// parseFio reads the group-reported result of fio's JSON output.
+func parseFio(out []byte, write bool) (sample, error) {
+	// fio may print notes before the JSON document.
+	if i := bytes.IndexByte(out, '{'); i > 0 {
+		out = out[i:]
+	}
+	var r struct {
+		Jobs []struct {
+			Read, Write struct {
+				IOPS    float64 `json:"iops"`
+				BWBytes float64 `json:"bw_bytes"`
+				Lat     struct {
+					Mean       float64            `json:"mean"`
+					Percentile map[string]float64 `json:"percentile"`
+				} `json:"lat_ns"`
+			}
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) == 0 {
+		return sample{}, fmt.Errorf("cannot parse fio output: %v", err)
+	}
+	d := r.Jobs[0].Read
+	if write {
+		d = r.Jobs[0].Write
+	}
+	return sample{iops: d.IOPS, mbps: d.BWBytes / 1e6, meanUs: d.Lat.Mean / 1e3, p99Us: d.Lat.Percentile["99.000000"] / 1e3}, nil
+}
+
+// report renders the results as markdown.
+func (b *bench) report(res map[string]map[string][]sample, ratios map[string]map[string][]float64, took time.Duration) string {
+	var w strings.Builder
+	host, _ := os.Hostname()
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s, %s; dmfuse transport %q; %d pairs x %v per job (+%v ramp), took %v; load average at the end: %s\n\n",
+		fioVersion(), runtime.NumCPU(), kernel(), host, b.transport, b.pairs, b.runtime, b.ramp(), took.Round(time.Second), strings.Join(strings.Fields(string(load))[:3], " "))
+	fmt.Fprintf(&w, "| job | device | IOPS | MB/s | mean lat | p99 lat | ratio (min-max) |\n|---|---|---:|---:|---:|---:|---|\n")
+	var notes []string
+	for _, j := range b.jobs {
+		for _, d := range append([]string{"baseline"}, b.devices...) {
+			ss := res[j.name][d]
+			if len(ss) == 0 {
+				continue
+			}
+			ratio := "1"
+			if d != "baseline" {
+				r := ratios[j.name][d]
+				ratio = fmt.Sprintf("**%.2f** (%.2f-%.2f)", median(r), slices.Min(r), slices.Max(r))
+			}
+			fmt.Fprintf(&w, "| %s | %s | %s | %.0f | %s | %s | %s |\n", j.title, d,
+				kilo(med(ss, func(s sample) float64 { return s.iops })),
+				med(ss, func(s sample) float64 { return s.mbps }),
+				us(med(ss, func(s sample) float64 { return s.meanUs })),
+				us(med(ss, func(s sample) float64 { return s.p99Us })), ratio)
+		}
+		if n := b.checkBaseline(j, res[j.name]); n != "" {
+			notes = append(notes, n)
+		}
+	}
+	fmt.Fprintf(&w, "\nBaseline against the platform notes (\"minimal go-fuse file over tmpfs\"):\n\n")
+	for _, n := range notes {
+		fmt.Fprintf(&w, "* %s\n", n)
+	}
+	return w.String()
+}
+
+// checkBaseline compares the baseline's median with the platform notes and,
+// when it is off by more than 20%, says why: the raw tmpfs file shows
+// whether the machine as a whole runs slower or faster than it did there.
+func (b *bench) checkBaseline(j job, res map[string][]sample) string {
+	if j.notes == 0 {
+		return fmt.Sprintf("%s: no figure in the notes", j.title)
+	}
+	val := func(d string) float64 {
+		ss := res[d]
+		if len(ss) == 0 {
+			return 0
+		}
+		if j.bw {
+			return med(ss, func(s sample) float64 { return s.mbps })
+		}
+		return med(ss, func(s sample) float64 { return s.iops })
+	}
+	got := val("baseline")
+	f := got / j.notes
+	unit := " IOPS"
+	if j.bw {
+		unit = " MB/s"
+	}
+	msg := fmt.Sprintf("%s: %s%s vs %s in the notes (x%.2f)", j.title, kilo(got), unit, kilo(j.notes), f)
+	if f >= 0.8 && f <= 1.2 {
+		return msg + ": within 20%"
+	}
+	msg += ": OUTSIDE 20%"
+	if raw := val("tmpfs"); raw > 0 {
+		rf := raw / notesTmpfs[j.name]
+		msg += fmt.Sprintf("; the raw tmpfs file runs at x%.2f of its notes figure", rf)
+		switch {
+		case rf < 0.8 && f < 0.8:
+			msg += ", so the whole machine runs slower than where the notes were measured"
+		case rf > 1.2 && f > 1.2:
+			msg += ", so the whole machine runs faster than where the notes were measured"
+		case f > 1.2:
+			msg += ": the FUSE round trip is shorter here than where the notes were measured"
+		}
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	return msg + fmt.Sprintf("; load average %s (other processes share the %d CPUs)", strings.Join(strings.Fields(string(load))[:3], " "), runtime.NumCPU())
+}
+
+func med(ss []sample, f func(sample) float64) float64 {
+	v := make([]float64, len(ss))
+	for i, s := range ss {
+		v[i] = f(s)
+	}
+	return median(v)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+func kilo(v float64) string {
+	if v >= 1e3 {
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func us(v float64) string {
+	if v >= 1000 {
+		return fmt.Sprintf("%.2f ms", v/1000)
+	}
+	return fmt.Sprintf("%.1f us", v)
+}
+
+func fioVersion() string {
+	out, _ := exec.Command("fio", "--version").Output()
+	return strings.TrimPrefix(strings.TrimSpace(string(out)), "fio-")
+}
+
+func kernel() string {
+	var u unix.Utsname
+	unix.Uname(&u)
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+// moduleDir returns the root of the dmfuse module.
+func moduleDir() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", err
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run from inside the dmfuse module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// fill writes size bytes of random data to a new file.
+func fill(path string, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i+8 <= len(buf); i += 8 {
+		v := r.Uint64()
+		for k := 0; k < 8; k++ {
+			buf[i+k] = byte(v >> (8 * k))
+		}
+	}
+	for w := int64(0); w < size; w += int64(len(buf)) {
+		if _, err := f.Write(buf[:min(int64(len(buf)), size-w)]); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
+}
+
+func unmount(dir string) {
+	if err := unix.Unmount(dir, 0); err != nil {
+		unix.Unmount(dir, unix.MNT_DETACH)
+	}
+}
+
+func isMount(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
