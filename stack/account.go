@@ -3,21 +3,24 @@ package stack
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dmfuse/dmfuse/stats"
 )
 
-// piece is the per-piece accounting state of one I/O as it passes through a
-// device. It is itself the context.Context handed to the target, so that a
-// MapAccounter target can start accounting with StartAccounting(ctx) without a
-// per-I/O allocation: pieces come from a pool.
+// piece is the per-piece accounting state of one I/O handed to a
+// MapAccounter target. It is itself the context.Context handed to the target,
+// so that the target can start accounting with StartAccounting(ctx) without a
+// per-I/O allocation: pieces come from a pool. Pieces for other targets need
+// no such state; Table.rw accounts them inline.
 type piece struct {
 	context.Context
 	disk    *stats.Disk
 	op      stats.Op
-	start   int64 // arrival, in the disk clock's ns
-	started bool
-	mu      sync.Mutex // only taken by StartAccounting, which may run on another goroutine
+	start   int64           // arrival, in the disk clock's ns
+	started atomic.Bool     // set once, by whichever of StartAccounting and finish comes first
+	at      [2]int64        // device bytes [at[0], at[0]+at[1]), for dm-stats regions
+	reg     stats.RegionRef // the dm-stats regions the piece started in
 }
 
 type pieceKey struct{}
@@ -34,19 +37,17 @@ var piecePool = sync.Pool{New: func() any { return new(piece) }}
 
 func newPiece(ctx context.Context, disk *stats.Disk, op stats.Op) *piece {
 	p := piecePool.Get().(*piece)
-	p.Context, p.disk, p.op, p.started = ctx, disk, op, false
+	p.Context, p.disk, p.op = ctx, disk, op
+	p.started.Store(false)
 	p.start = disk.Now()
 	return p
 }
 
 // startAcct starts accounting once.
 func (p *piece) startAcct() {
-	p.mu.Lock()
-	if !p.started {
-		p.started = true
-		p.disk.Start(p.op, p.start)
+	if p.started.CompareAndSwap(false, true) {
+		p.reg = p.disk.StartAt(p.op, p.start, p.at[0], p.at[1])
 	}
-	p.mu.Unlock()
 }
 
 // finish ends accounting by the rules of spec §4.4 and returns p to the pool:
@@ -55,17 +56,13 @@ func (p *piece) startAcct() {
 // itself); a piece that failed without starting was killed at map time and
 // counts nothing.
 func (p *piece) finish(bytes int64, err error) {
-	p.mu.Lock()
-	started := p.started
-	p.mu.Unlock()
-	if !started && err == nil {
-		p.disk.Start(p.op, p.start)
-		started = true
+	if err == nil && p.started.CompareAndSwap(false, true) {
+		p.reg = p.disk.StartAt(p.op, p.start, p.at[0], p.at[1])
 	}
-	if started {
-		p.disk.Done(p.op, uint64((bytes+SectorSize-1)/SectorSize), p.start)
+	if p.started.Load() {
+		p.disk.DoneAt(p.op, uint64((bytes+SectorSize-1)/SectorSize), p.start, p.reg)
 	}
-	p.Context, p.disk = nil, nil
+	p.Context, p.disk, p.at, p.reg = nil, nil, [2]int64{}, stats.RegionRef{}
 	piecePool.Put(p)
 }
 
@@ -73,6 +70,8 @@ func (p *piece) finish(bytes int64, err error) {
 // if it has not started yet. MapAccounter targets call it when they pass a
 // piece on (or complete it themselves); delay calls it when the wait is over,
 // so that in-flight does not include waiting I/O while the time fields do.
+// Only MapAccounter targets may call it: other targets are accounted by the
+// table, and their ctx may belong to the device above.
 func StartAccounting(ctx context.Context) {
 	if p, ok := ctx.Value(pieceKey{}).(*piece); ok {
 		p.startAcct()

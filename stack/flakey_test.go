@@ -125,9 +125,7 @@ func faultAcctPiece(op stats.Op) *piece {
 
 // faultAcctStarted reports whether accounting of p has started.
 func faultAcctStarted(p *piece) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.started
+	return p.started.Load()
 }
 
 func TestFlakeyTableVectors(t *testing.T) {

@@ -36,20 +36,22 @@ func (t *Table) rw(ctx context.Context, disk *stats.Disk, k ioKind, p []byte, of
 				m = lim
 			}
 		}
-		pc := newPiece(ctx, disk, kindOp[k])
-		if !s.atMap {
-			pc.startAcct()
-		}
 		var got int
-		if k == ioRead {
-			got, err = s.target.ReadAt(pc, p[:m], rel)
+		if s.atMap {
+			got, err = s.mapRW(ctx, disk, k, p[:m], rel)
 		} else {
-			got, err = s.target.WriteAt(pc, p[:m], rel)
+			// Accounting starts before the target is called and always
+			// ends; nothing below looks for this piece, so it needs no
+			// pooled state, only its start time.
+			op := kindOp[k]
+			start := disk.Now()
+			rr := disk.StartAt(op, start, off, m)
+			got, err = s.targetRW(ctx, k, p[:m], rel)
+			if err == nil && int64(got) != m {
+				err = syscall.EIO
+			}
+			disk.DoneAt(op, uint64((m+SectorSize-1)/SectorSize), start, rr)
 		}
-		if err == nil && int64(got) != m {
-			err = syscall.EIO
-		}
-		pc.finish(m, err)
 		if err != nil {
 			return n, err
 		}
@@ -59,6 +61,27 @@ func (t *Table) rw(ctx context.Context, disk *stats.Disk, k ioKind, p []byte, of
 	return n, nil
 }
 
+// targetRW hands one piece to the segment's target.
+func (s *segment) targetRW(ctx context.Context, k ioKind, p []byte, off int64) (int, error) {
+	if k == ioRead {
+		return s.target.ReadAt(ctx, p, off)
+	}
+	return s.target.WriteAt(ctx, p, off)
+}
+
+// mapRW hands one piece to a MapAccounter target, which decides when its
+// accounting starts (StartAccounting) or that it is killed at map time.
+func (s *segment) mapRW(ctx context.Context, disk *stats.Disk, k ioKind, p []byte, off int64) (int, error) {
+	pc := newPiece(ctx, disk, kindOp[k])
+	pc.at = [2]int64{s.start + off, int64(len(p))}
+	got, err := s.targetRW(pc, k, p, off)
+	if err == nil && got != len(p) {
+		err = syscall.EIO
+	}
+	pc.finish(int64(len(p)), err)
+	return got, err
+}
+
 // span applies a discard or write-zeroes to [off, off+length), one piece per
 // segment.
 func (t *Table) span(ctx context.Context, disk *stats.Disk, k ioKind, off, length int64) error {
@@ -66,6 +89,7 @@ func (t *Table) span(ctx context.Context, disk *stats.Disk, k ioKind, off, lengt
 		s := &t.segs[t.find(off)]
 		m := min(length, s.end-off)
 		pc := newPiece(ctx, disk, kindOp[k])
+		pc.at = [2]int64{off, m}
 		if !s.atMap {
 			pc.startAcct()
 		}

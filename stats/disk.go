@@ -196,7 +196,10 @@ type Disk struct {
 	clock  Clock
 	shift  uint // 64 - log2(len(shards))
 	shards []shard
-	_      [cacheLine]byte
+	// regions are the dm-stats regions (nil while there are none): the
+	// one load the accounting path pays for dm-stats.
+	regions atomic.Pointer[regionSet]
+	_       [cacheLine]byte
 	// stamp (in ticks) is read by every Start and Done but written at most
 	// once per tick; io_ticks is written by the winner of that write.
 	stamp   atomic.Int64

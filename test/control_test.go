@@ -139,6 +139,7 @@ func TestControlVerbs(t *testing.T) {
 		{"", []string{"message", "d1", "4096", "foo"}},
 		{"", []string{"message", "d1", "x", "foo"}},
 		{"", []string{"message", "d1", "0", "@stats_list"}},
+		{"", []string{"message", "d1", "0", "@cancel_deferred_remove"}},
 		{"0 1024 dust base 0 512\n", []string{"create", "dust1"}},
 		{"", []string{"message", "dust1", "0", "addbadblock", "60"}},
 		{"", []string{"message", "dust1", "0", "addbadblock", "60"}},

@@ -67,6 +67,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	stack.EnableDMStats(mgr)
 	defer mgr.RemoveAll()
 
 	text, base, src := defaultConfig, "", "default set"
@@ -233,12 +234,15 @@ func clearStale(dir string) error {
 	err := unix.Stat(dir, &st)
 	switch {
 	case errors.Is(err, unix.ENOTCONN):
+		// Look for loop devices first: once the mount is detached, their
+		// backing file reads as a path relative to the detached tree.
+		loops := loopsUnder(dir)
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("%s: stale mount of a dead daemon, and unmounting it failed: %w", dir, err)
 		}
 		fmt.Fprintf(os.Stderr, "dmfuse: cleared a stale mount on %s left by a daemon that died; "+
 			"a loop device that was attached to it stays broken until `losetup -d`\n", dir)
-		for _, l := range loopsUnder(dir) {
+		for _, l := range loops {
 			fmt.Fprintf(os.Stderr, "dmfuse: %s still points at the dead mount: detach it with `losetup -d %s`\n", l, l)
 		}
 		return nil

@@ -1,0 +1,42 @@
+package stack
+
+import "github.com/dmfuse/dmfuse/stats"
+
+// EnableDMStats makes m answer the device-mapper core's dm-stats messages
+// (`@stats_create`, `@stats_delete`, `@stats_clear`, `@stats_list`,
+// `@stats_print`, `@stats_print_clear`, `@stats_set_aux`; spec §4.7) on every
+// device, with the regions kept in the device's stats.Disk. Other `@` words
+// fail with "Unsupported message sent to DM core" (EINVAL), as in dm.
+// Regions live as long as their device: a removed device takes its regions
+// with it, and a new device of the same name starts with none.
+//
+// The histograms of the regions of devices with a live table are also
+// written by metrics.WritePrometheus (so on the daemon's /metrics, see
+// stats.WriteRegionHistograms) until the manager's context ends.
+func EnableDMStats(m *Manager) {
+	m.CoreMessage = DMStatsMessage
+	unregister := stats.RegisterRegionHistograms(func() []stats.Named {
+		var out []stats.Named
+		for _, d := range m.Devices() {
+			if d.Live() != nil {
+				out = append(out, stats.Named{Name: d.Name(), Disk: d.Disk()})
+			}
+		}
+		return out
+	})
+	go func() {
+		<-m.ctx.Done()
+		unregister()
+	}()
+}
+
+// DMStatsMessage handles one dm-stats core message for d (the words start
+// with the message name). A whole-device range (`-`) covers the live table's
+// sectors at the time of the message (1 sector if there is no live table).
+func DMStatsMessage(d *Device, args []string) (string, error) {
+	out, handled, err := d.Disk().StatsMessage(args, uint64(d.Size())/SectorSize)
+	if !handled {
+		return "", Errorf("Unsupported message sent to DM core")
+	}
+	return out, err
+}
