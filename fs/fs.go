@@ -18,6 +18,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"syscall"
@@ -256,10 +257,10 @@ func (n *devNode) Release(_ context.Context, f gofs.FileHandle) syscall.Errno {
 
 // Read reads into go-fuse's request buffer and answers with it: the data
 // reaches the kernel with one writev and no copy in user space.
-func (n *devNode) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	k, err := n.dev.ReadAt(ctx, dest, off)
+func (n *devNode) Read(_ context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	k, err := n.dev.ReadAt(ioCtx, dest, off)
 	if err != nil {
-		return nil, gofs.ToErrno(err)
+		return nil, errno(err)
 	}
 	r := readResults.Get().(*readResult)
 	r.data = dest[:k]
@@ -300,17 +301,39 @@ func (r *readResult) Done() {
 	readResults.Put(r)
 }
 
-func (n *devNode) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
-	k, err := n.dev.WriteAt(ctx, data, off)
+func (n *devNode) Write(_ context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	k, err := n.dev.WriteAt(ioCtx, data, off)
 	if err != nil && k == 0 {
-		return 0, gofs.ToErrno(err)
+		return 0, errno(err)
 	}
 	return uint32(k), 0
 }
 
 // Fsync is an empty flush that reaches every underlying device.
-func (n *devNode) Fsync(ctx context.Context, _ gofs.FileHandle, _ uint32) syscall.Errno {
-	return gofs.ToErrno(n.dev.Flush(ctx))
+func (n *devNode) Fsync(_ context.Context, _ gofs.FileHandle, _ uint32) syscall.Errno {
+	return errno(n.dev.Flush(ioCtx))
+}
+
+// ioCtx is the context of device I/O. It is never cancelled: like I/O on a
+// dm device, I/O that a suspend, a delay or queue_if_no_path holds is not
+// ended by a signal to the process that issued it. (The kernel sends FUSE an
+// INTERRUPT for any signal, including the Go runtime's preemption signals,
+// and failing held I/O with EINTR would surface as errors in programs that
+// do not retry.) A fatal signal aborts the request in the kernel; the
+// daemon's answer, when it comes, is dropped.
+var ioCtx = context.Background()
+
+// errno turns a device error into the errno the caller sees: the Errno it
+// carries, else EIO.
+func errno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.EIO
 }
 
 // Flush is the FLUSH of close(2): not I/O.
@@ -325,12 +348,12 @@ const (
 // Allocate maps PUNCH_HOLE|KEEP_SIZE to a discard and ZERO_RANGE to
 // write-zeroes; a plain allocation inside the device succeeds, since the
 // device is fully provisioned.
-func (n *devNode) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+func (n *devNode) Allocate(_ context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
 	switch mode {
 	case fallocPunchHole | fallocKeepSize:
-		return gofs.ToErrno(n.dev.Discard(ctx, int64(off), int64(size)))
+		return errno(n.dev.Discard(ioCtx, int64(off), int64(size)))
 	case fallocZeroRange, fallocZeroRange | fallocKeepSize:
-		return gofs.ToErrno(n.dev.WriteZeroes(ctx, int64(off), int64(size)))
+		return errno(n.dev.WriteZeroes(ioCtx, int64(off), int64(size)))
 	case 0, fallocKeepSize:
 		if int64(off+size) > n.dev.Size() && mode == 0 {
 			return syscall.EPERM

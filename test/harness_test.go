@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -80,7 +81,7 @@ type daemon struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	mnt    string
-	stderr *bytes.Buffer
+	stderr *lockedBuffer
 	done   chan error
 }
 
@@ -102,7 +103,7 @@ func startDaemon(t *testing.T, dir, config string, extra ...string) *daemon {
 	args = append(args, transportArgs(extra)...)
 	args = append(args, extra...)
 	args = append(args, mnt)
-	d := &daemon{t: t, mnt: mnt, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	d := &daemon{t: t, mnt: mnt, stderr: &lockedBuffer{}, done: make(chan error, 1)}
 	d.cmd = exec.Command(dmfuseBin, args...)
 	d.cmd.Stderr = d.stderr
 	d.cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+filepath.Join(dir, "state"))
@@ -235,4 +236,24 @@ func transportArgs(extra []string) []string {
 		}
 	}
 	return []string{"--transport", t}
+}
+
+// lockedBuffer collects a daemon's stderr; the test reads it while the
+// process is still writing.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
