@@ -60,6 +60,9 @@ type RegionRef struct {
 // it also starts the piece in the areas of the device's dm-stats regions it
 // overlaps. Pass the result to DoneAt.
 func (d *Disk) StartAt(op Op, startNs int64, off, n int64) RegionRef {
+	if !Accounting {
+		return RegionRef{}
+	}
 	d.Start(op, startNs)
 	set := d.regions.Load()
 	if set == nil {
@@ -71,6 +74,9 @@ func (d *Disk) StartAt(op Op, startNs int64, off, n int64) RegionRef {
 // DoneAt is Done for a piece that StartAt started: it also ends the piece in
 // the areas that StartAt counted it in.
 func (d *Disk) DoneAt(op Op, sectors uint64, startNs int64, r RegionRef) {
+	if !Accounting {
+		return
+	}
 	d.Done(op, sectors, startNs)
 	if r.set != nil {
 		r.set.done(d.clock.Nanotime(), startNs, r)
