@@ -38,7 +38,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -48,6 +47,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -291,7 +292,7 @@ func (b *bench) setup(ctx context.Context) error {
 	}
 	b.defer_(func() { os.RemoveAll(b.scratch) })
 
-	modDir, err := moduleDir()
+	modDir, err := benchkit.ModuleDir()
 	if err != nil {
 		return err
 	}
@@ -313,7 +314,7 @@ func (b *bench) setup(ctx context.Context) error {
 	if err := unix.Mount("tmpfs", b.tmpfs, "tmpfs", 0, tsize); err != nil {
 		return fmt.Errorf("mount tmpfs: %w", err)
 	}
-	b.defer_(func() { unmount(b.tmpfs) })
+	b.defer_(func() { benchkit.Unmount(b.tmpfs) })
 	lin, s0, s1 := filepath.Join(b.tmpfs, "lin.img"), filepath.Join(b.tmpfs, "s0.img"), filepath.Join(b.tmpfs, "s1.img")
 	// Filled with data: tmpfs reads holes without touching a page, which
 	// would flatter every read.
@@ -321,7 +322,7 @@ func (b *bench) setup(ctx context.Context) error {
 		path string
 		size int64
 	}{{lin, b.size}, {s0, b.size / 2}, {s1, b.size / 2}} {
-		if err := fill(f.path, f.size); err != nil {
+		if err := benchkit.Fill(f.path, f.size); err != nil {
 			return err
 		}
 	}
@@ -403,7 +404,7 @@ func (b *bench) daemon(ctx context.Context, name, mnt, ready string, env []strin
 			c.Process.Kill()
 			<-done
 		}
-		if isMount(mnt) {
+		if benchkit.IsMount(mnt) {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})
@@ -480,7 +481,7 @@ func (b *bench) report(res map[string]map[string][]sample, ratios map[string]map
 	host, _ := os.Hostname()
 	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s, %s; dmfuse transport %q; %d pairs x %v per job (+%v ramp), took %v; load average at the end: %s\n\n",
-		fioVersion(), runtime.NumCPU(), kernel(), host, b.transport, b.pairs, b.runtime, b.ramp(), took.Round(time.Second), strings.Join(strings.Fields(string(load))[:3], " "))
+		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), host, b.transport, b.pairs, b.runtime, b.ramp(), took.Round(time.Second), strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Fprintf(&w, "| job | device | IOPS | MB/s | mean lat | p99 lat | ratio (min-max) |\n|---|---|---:|---:|---:|---:|---|\n")
 	var notes []string
 	for _, j := range b.jobs {
@@ -492,7 +493,7 @@ func (b *bench) report(res map[string]map[string][]sample, ratios map[string]map
 			ratio := "1"
 			if d != "baseline" {
 				r := ratios[j.name][d]
-				ratio = fmt.Sprintf("**%.2f** (%.2f-%.2f)", median(r), slices.Min(r), slices.Max(r))
+				ratio = fmt.Sprintf("**%.2f** (%.2f-%.2f)", benchkit.Median(r), slices.Min(r), slices.Max(r))
 			}
 			fmt.Fprintf(&w, "| %s | %s | %s | %.0f | %s | %s | %s |\n", j.title, d,
 				kilo(med(ss, func(s sample) float64 { return s.iops })),
@@ -560,19 +561,7 @@ func med(ss []sample, f func(sample) float64) float64 {
 	for i, s := range ss {
 		v[i] = f(s)
 	}
-	return median(v)
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	v = slices.Clone(v)
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
-	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	return benchkit.Median(v)
 }
 
 func kilo(v float64) string {
@@ -587,70 +576,4 @@ func us(v float64) string {
 		return fmt.Sprintf("%.2f ms", v/1000)
 	}
 	return fmt.Sprintf("%.1f us", v)
-}
-
-func fioVersion() string {
-	out, _ := exec.Command("fio", "--version").Output()
-	return strings.TrimPrefix(strings.TrimSpace(string(out)), "fio-")
-}
-
-func kernel() string {
-	var u unix.Utsname
-	unix.Uname(&u)
-	return unix.ByteSliceToString(u.Release[:])
-}
-
-// moduleDir returns the root of the dmfuse module.
-func moduleDir() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", err
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the dmfuse module")
-	}
-	return filepath.Dir(mod), nil
-}
-
-// fill writes size bytes of random data to a new file.
-func fill(path string, size int64) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	buf := make([]byte, 1<<20)
-	r := rand.New(rand.NewPCG(1, 2))
-	for i := 0; i+8 <= len(buf); i += 8 {
-		v := r.Uint64()
-		for k := 0; k < 8; k++ {
-			buf[i+k] = byte(v >> (8 * k))
-		}
-	}
-	for w := int64(0); w < size; w += int64(len(buf)) {
-		if _, err := f.Write(buf[:min(int64(len(buf)), size-w)]); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	return f.Close()
-}
-
-func unmount(dir string) {
-	if err := unix.Unmount(dir, 0); err != nil {
-		unix.Unmount(dir, unix.MNT_DETACH)
-	}
-}
-
-func isMount(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
 }

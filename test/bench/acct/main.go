@@ -21,10 +21,12 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 )
 
 func main() {
@@ -116,13 +118,9 @@ func run(ctx context.Context, pairs int, runtime time.Duration, transport string
 		ratios = append(ratios, r)
 		fmt.Printf("| %d | %.0f | %.0f | %.3f |\n", i+1, iops["on"], iops["off"], r)
 	}
-	sort.Float64s(ratios)
-	med := ratios[len(ratios)/2]
-	if len(ratios)%2 == 0 {
-		med = (ratios[len(ratios)/2-1] + med) / 2
-	}
+	med := benchkit.Median(ratios)
 	fmt.Printf("\nmedian on/off %.3f: accounting costs %.1f%% of IOPS (pairs range %.3f-%.3f)\n",
-		med, 100*(1-med), ratios[0], ratios[len(ratios)-1])
+		med, 100*(1-med), slices.Min(ratios), slices.Max(ratios))
 	return nil
 }
 

@@ -34,7 +34,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -45,6 +44,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -191,7 +192,7 @@ func (b *bench) run(ctx context.Context) (string, error) {
 	}
 
 	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s; %v per row after a 2 s ramp, %v per zero-delay run; took %v; load average before %s, after %s\n\n",
-		fioVersion(), runtime.NumCPU(), kernel(), b.runtime, b.zeroRuntime, time.Since(start).Round(time.Second), load0, loadavg())
+		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), b.runtime, b.zeroRuntime, time.Since(start).Round(time.Second), load0, loadavg())
 	fmt.Fprintf(&w, "| fio job (4k, --direct=1) | IOPS | ceiling | %% of ceiling | late p50 | late p99 | zero-delay round trip (mean / p50 / p99) |\n")
 	fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---|\n")
 	for _, l := range lines {
@@ -253,7 +254,7 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.undo = append(b.undo, func() { os.RemoveAll(b.scratch) })
-	modDir, err := moduleDir()
+	modDir, err := benchkit.ModuleDir()
 	if err != nil {
 		return err
 	}
@@ -272,10 +273,10 @@ func (b *bench) setup(ctx context.Context) error {
 	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, fmt.Sprintf("size=%dk", (b.size+16<<20)>>10)); err != nil {
 		return fmt.Errorf("mount tmpfs: %w", err)
 	}
-	b.undo = append(b.undo, func() { unmount(tmpfs) })
+	b.undo = append(b.undo, func() { benchkit.Unmount(tmpfs) })
 	img := filepath.Join(tmpfs, "base.img")
 	// Random data: tmpfs reads holes without touching a page.
-	if err := fill(img, b.size); err != nil {
+	if err := benchkit.Fill(img, b.size); err != nil {
 		return err
 	}
 	sec := b.size / 512
@@ -315,7 +316,7 @@ func (b *bench) daemon(ctx context.Context, argv ...string) error {
 			c.Process.Kill()
 			<-done
 		}
-		if isMount(b.mnt) {
+		if benchkit.IsMount(b.mnt) {
 			unix.Unmount(b.mnt, unix.MNT_DETACH)
 		}
 	})
@@ -463,70 +464,4 @@ func loadavg() string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
-}
-
-func fioVersion() string {
-	out, _ := exec.Command("fio", "--version").Output()
-	return strings.TrimPrefix(strings.TrimSpace(string(out)), "fio-")
-}
-
-func kernel() string {
-	var u unix.Utsname
-	unix.Uname(&u)
-	return unix.ByteSliceToString(u.Release[:])
-}
-
-// moduleDir returns the root of the dmfuse module.
-func moduleDir() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", err
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the dmfuse module")
-	}
-	return filepath.Dir(mod), nil
-}
-
-// fill writes size bytes of random data to a new file.
-func fill(path string, size int64) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	buf := make([]byte, 1<<20)
-	r := rand.New(rand.NewPCG(1, 2))
-	for i := 0; i+8 <= len(buf); i += 8 {
-		v := r.Uint64()
-		for k := range 8 {
-			buf[i+k] = byte(v >> (8 * k))
-		}
-	}
-	for w := int64(0); w < size; w += int64(len(buf)) {
-		if _, err := f.Write(buf[:min(int64(len(buf)), size-w)]); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	return f.Close()
-}
-
-func unmount(dir string) {
-	if err := unix.Unmount(dir, 0); err != nil {
-		unix.Unmount(dir, unix.MNT_DETACH)
-	}
-}
-
-func isMount(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
 }

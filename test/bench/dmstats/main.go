@@ -29,10 +29,11 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -161,7 +162,7 @@ func run(pairs int, rt time.Duration, sizeMiB int, transport string) (err error)
 	fmt.Println("| regions | median IOPS | median mean latency (µs) | median ratio to none |")
 	fmt.Println("|---|---:|---:|---:|")
 	for _, s := range setups {
-		fmt.Printf("| %s | %.0f | %.1f | %.3f |\n", s.name, median(iops[s.name]), median(lat[s.name]), median(ratios[s.name]))
+		fmt.Printf("| %s | %.0f | %.1f | %.3f |\n", s.name, benchkit.Median(iops[s.name]), benchkit.Median(lat[s.name]), benchkit.Median(ratios[s.name]))
 	}
 	return nil
 }
@@ -192,16 +193,4 @@ func fio(ctx context.Context, dev string, rt time.Duration) (float64, float64, e
 		return 0, 0, fmt.Errorf("fio output: %v", err)
 	}
 	return res.Jobs[0].Read.IOPS, res.Jobs[0].Read.LatNs.Mean / 1e3, nil
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
