@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,23 +19,101 @@ import (
 // request before it drops the connection.
 const RequestTimeout = 30 * time.Second
 
+// Bounds of the control socket. A connection beyond MaxControlConns (open at
+// once) or beyond ControlRate per second (after a burst of as many) is
+// answered at once with EAGAIN and closed; CallControl retries such a refusal
+// for a while. Each connection is served on its own goroutine with its own
+// deadline, so a client that sends nothing, sends half a request or never
+// reads its answer holds only its own connection, never another client or
+// the I/O path.
+const (
+	MaxControlConns = 64
+	ControlRate     = 5000
+)
+
 // ControlServer answers control requests for the devices of a Manager.
 type ControlServer struct {
 	mgr    *Manager
 	ctx    context.Context
 	cancel context.CancelFunc
+	// uid is the user, besides root, whose clients may send commands: the
+	// daemon's effective uid.
+	uid uint32
 
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
+	// tokens and last are the rate limiter's bucket (ControlRate per second,
+	// up to ControlRate) and the time it was last filled.
+	tokens float64
+	last   time.Time
 }
 
 // NewControlServer returns a server for the devices of m.
 func NewControlServer(m *Manager) *ControlServer {
 	ctx, cancel := context.WithCancel(m.ctx)
-	return &ControlServer{mgr: m, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	return &ControlServer{mgr: m, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{},
+		uid: uint32(os.Geteuid()), tokens: ControlRate, last: time.Now()}
+}
+
+// refusal says why a new connection is not served ("" if it is), with the
+// errno of the answer. Peer credentials come from the kernel (SO_PEERCRED):
+// only root and the daemon's own user may send commands, whatever the mode
+// of the socket file. Called with s.mu held.
+func (s *ControlServer) refusal(c net.Conn) (reason, errno string) {
+	if uc, ok := c.(*net.UnixConn); ok {
+		uid, err := peerUID(uc)
+		if err != nil {
+			return fmt.Sprintf("control socket: cannot read the client's credentials: %v", err), "EPERM"
+		}
+		if uid != 0 && uid != s.uid {
+			if s.uid == 0 {
+				return fmt.Sprintf("control socket: permission denied: uid %d may not send commands (only root may)", uid), "EPERM"
+			}
+			return fmt.Sprintf("control socket: permission denied: uid %d may not send commands (only root and uid %d may)", uid, s.uid), "EPERM"
+		}
+	}
+	if len(s.conns) >= MaxControlConns {
+		return fmt.Sprintf("control socket: too many connections (%d open); try again", len(s.conns)), "EAGAIN"
+	}
+	now := time.Now()
+	s.tokens = min(ControlRate, s.tokens+now.Sub(s.last).Seconds()*ControlRate)
+	s.last = now
+	if s.tokens < 1 {
+		return fmt.Sprintf("control socket: more than %d requests per second; try again", ControlRate), "EAGAIN"
+	}
+	s.tokens--
+	return "", ""
+}
+
+// peerUID returns the uid of the process at the other end of c.
+func peerUID(c *net.UnixConn) (uint32, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, serr
+	}
+	return cred.Uid, nil
+}
+
+// refuse answers a connection that is not served and closes it. The answer
+// is short and the connection new, so the write does not wait; the deadline
+// only guards against the impossible.
+func refuse(c net.Conn, reason, errno string) {
+	c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	writeResponse(c, &Response{Error: reason, Errno: errno})
+	c.Close()
 }
 
 // Serve accepts connections on ln until Close, one goroutine per connection.
@@ -47,6 +126,7 @@ func (s *ControlServer) Serve(ln net.Listener) error {
 	}
 	s.ln = ln
 	s.mu.Unlock()
+	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -60,13 +140,28 @@ func (s *ControlServer) Serve(ln net.Listener) error {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
+				errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EINTR) {
+				// Out of descriptors or memory for a moment (a flood of
+				// clients, say): wait and accept again rather than stop
+				// serving for good.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				time.Sleep(backoff)
+				continue
+			}
 			return fmt.Errorf("control socket: accept: %w", err)
 		}
+		backoff = 0
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			c.Close()
 			return nil
+		}
+		if reason, errno := s.refusal(c); reason != "" {
+			s.mu.Unlock()
+			refuse(c, reason, errno)
+			continue
 		}
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)

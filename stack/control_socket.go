@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // maxSocketPath is the longest path a Unix socket address holds (sun_path
@@ -116,9 +117,16 @@ func ListenControl(path string, strictDir bool) (*net.UnixListener, error) {
 	return ln, nil
 }
 
+// refusalRetry is how long CallControl keeps retrying a connection the
+// daemon refused for the moment (too many connections or requests).
+const refusalRetry = 10 * time.Second
+
 // CallControl sends one request to the daemon listening on the socket at
 // path and returns its response. A failed command is a response with Error
-// set, not an error; err reports only failures to talk to the daemon.
+// set, not an error; err reports only failures to talk to the daemon. A
+// connection the daemon refuses with EAGAIN before reading the request (its
+// connection or rate bounds), or whose listen queue is full, is tried again
+// for up to 10 s.
 func CallControl(path string, req *Request) (*Response, error) {
 	b, err := req.Encode()
 	if err != nil {
@@ -127,6 +135,26 @@ func CallControl(path string, req *Request) (*Response, error) {
 	if len(b) > MaxRequestSize {
 		return nil, fmt.Errorf("request of %d bytes is larger than the limit of %d", len(b), MaxRequestSize)
 	}
+	deadline := time.Now().Add(refusalRetry)
+	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		resp, err := callOnce(path, b)
+		// A full listen queue makes connect fail with EAGAIN: as good as
+		// a refusal.
+		again := err == nil && isRefusal(resp) || errors.Is(err, syscall.EAGAIN)
+		if !again || time.Now().After(deadline) {
+			return resp, err
+		}
+		time.Sleep(wait)
+	}
+}
+
+// isRefusal reports whether resp is the daemon's refusal of a connection it
+// did not serve for the moment, rather than the result of a command.
+func isRefusal(r *Response) bool {
+	return r.Errno == "EAGAIN" && strings.HasPrefix(r.Error, "control socket: ")
+}
+
+func callOnce(path string, b []byte) (*Response, error) {
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
@@ -135,10 +163,13 @@ func CallControl(path string, req *Request) (*Response, error) {
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
 	defer c.Close()
-	if _, err := c.Write(b); err != nil {
-		return nil, fmt.Errorf("control socket %s: sending the request: %w", path, err)
-	}
+	_, werr := c.Write(b)
+	// Read the answer even if the write failed: a daemon that refuses the
+	// connection answers and closes without reading the request.
 	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil && werr != nil {
+		return nil, fmt.Errorf("control socket %s: sending the request: %w", path, werr)
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("control socket %s: the daemon closed the connection without an answer", path)

@@ -1,0 +1,129 @@
+package stack
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// formatConcise writes devices back in the concise format, escaping what
+// the parser would read as syntax; a table goes in one field with its line
+// breaks escaped.
+func formatConcise(devs []ConfigDevice) string {
+	esc := func(s string) string {
+		var b strings.Builder
+		for i := 0; i < len(s); i++ {
+			switch s[i] {
+			case '\\', ',', ';', '\n', '#':
+				b.WriteByte('\\')
+			}
+			b.WriteByte(s[i])
+		}
+		return b.String()
+	}
+	var b strings.Builder
+	for _, d := range devs {
+		minor := ""
+		if d.Minor >= 0 {
+			minor = strconv.Itoa(d.Minor)
+		}
+		flags := "rw"
+		if d.ReadOnly {
+			flags = "ro"
+		}
+		b.WriteString(esc(d.Name) + "," + esc(d.UUID) + "," + minor + "," + flags + "," +
+			esc(strings.TrimSuffix(d.Table, "\n")) + ";\n")
+	}
+	return b.String()
+}
+
+// FuzzConciseRoundTrip checks that what ParseConcise accepts formats back
+// to a config that parses to the same devices.
+func FuzzConciseRoundTrip(f *testing.F) {
+	for _, s := range []string{
+		"a,,,rw,0 8 zero;b,,1,ro,0 8 linear a 0",
+		"# c\nx,u,,,0 1 error\\;;",
+		"base,,,rw,0 2048 linear ./base.img 0;\nfast,,,rw,0 1024 linear base 0,1024 1024 striped 2 8 ./a.img 0 ./b.img 0;",
+		"ro1,my-uuid,7,ro,0 2048 zero\n",
+		"a\\#b,\\,u\\\\,0,rw,  0 8 zero \\\n 8 8 zero ,16 8 error;;",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		devs, err := ParseConcise(text)
+		if err != nil {
+			return
+		}
+		out := formatConcise(devs)
+		again, err := ParseConcise(out)
+		if err != nil {
+			t.Fatalf("%q parsed; formatted as %q it fails: %v", text, out, err)
+		}
+		if len(again) != len(devs) {
+			t.Fatalf("%d devices became %d through %q", len(devs), len(again), out)
+		}
+		for i := range devs {
+			a, b := devs[i], again[i]
+			a.Line, b.Line = 0, 0
+			if a != b {
+				t.Fatalf("device %d: %+v became %+v through %q", i, a, b, out)
+			}
+		}
+	})
+}
+
+// FuzzSplitArgs checks dm's argument splitting, which messages go through:
+// no empty word, and the words escaped with EscapeArg and joined by blanks
+// split back to themselves.
+func FuzzSplitArgs(f *testing.F) {
+	for _, s := range []string{"", "a b", `a\ b c\\`, "  x\t\ny  ", `trailing\`, `\\\ `, "@stats_create - /4"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		words := SplitArgs(s)
+		esc := make([]string, len(words))
+		for i, w := range words {
+			if w == "" {
+				t.Fatalf("%q: empty word in %q", s, words)
+			}
+			esc[i] = EscapeArg(w)
+		}
+		if again := SplitArgs(strings.Join(esc, " ")); !reflect.DeepEqual(again, words) {
+			t.Fatalf("%q splits to %q; escaped and joined, to %q", s, words, again)
+		}
+	})
+}
+
+// FuzzReadRequest feeds arbitrary bytes, one at a time, to the control
+// socket's stream reader: it accepts exactly what DecodeRequest accepts of
+// the first line, and without a newline reports an incomplete request.
+func FuzzReadRequest(f *testing.F) {
+	for _, s := range []string{
+		"{\"op\":\"ls\"}\n", "{\"op\":\"ls\"}", "{\"op\":\"ls\"}\n{\"op\":\"targets\"}\n", "\n",
+		"{\"op\":\"create\",\"name\":\"d\",\"table\":\"0 8 zero\",\"dir\":\"/tmp\"}\nrest",
+		"{\"op\":\"message\",\"name\":\"d\",\"args\":[\"a\\nb\"]}\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		req, err := ReadRequest(iotest.OneByteReader(bytes.NewReader(data)))
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			if !errors.Is(err, ErrIncompleteRequest) {
+				t.Fatalf("%q without a newline: %+v, %v; want an incomplete request", data, req, err)
+			}
+			return
+		}
+		want, werr := DecodeRequest(data[:i+1])
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("%q: ReadRequest gives %v, DecodeRequest %v", data, err, werr)
+		}
+		if err == nil && !reflect.DeepEqual(req, want) {
+			t.Fatalf("%q: ReadRequest %+v, DecodeRequest %+v", data, req, want)
+		}
+	})
+}
