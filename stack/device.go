@@ -277,9 +277,6 @@ func (d *Device) spanOnce(ctx context.Context, k ioKind, off, n int64) error {
 	return t.span(ctx, d.disk, k, off, n)
 }
 
-// ErrNoTable is returned by operations that need a table the device lacks.
-var ErrNoTable = errors.New("no table")
-
 // ReadAt reads from the device. A read that reaches past the end is short
 // and one at or past the end reads nothing; neither is an error.
 func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {

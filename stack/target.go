@@ -240,6 +240,3 @@ func (r *Registry) Types() []*TargetType {
 func (t *TargetType) FormatVersion() string {
 	return fmt.Sprintf("%-16s v%d.%d.%d", t.Name, t.Version[0], t.Version[1], t.Version[2])
 }
-
-// ErrNotSupported is returned for operations a target does not implement.
-var ErrNotSupported = syscall.EOPNOTSUPP
