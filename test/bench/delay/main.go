@@ -83,13 +83,14 @@ func main() {
 		idle = flag.Duration("idle", 10*time.Second, "how long to measure the idle daemon's CPU time")
 		size = flag.Int64("size", 256, "size of the backing file and of each device, MiB")
 		out  = flag.String("out", "", "also write the markdown table to this file")
+		tr   = flag.String("transport", "dev", "dmfuse --transport (auto, uring or dev)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run ./test/bench/delay [flags]\n\nNeeds root, /dev/fuse, fio and go.\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	b := &bench{runtime: *rt, zeroRuntime: *zrt, idle: *idle, size: *size << 20}
+	b := &bench{runtime: *rt, zeroRuntime: *zrt, idle: *idle, size: *size << 20, transport: *tr}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
@@ -121,6 +122,7 @@ func main() {
 type bench struct {
 	runtime, zeroRuntime, idle time.Duration
 	size                       int64
+	transport                  string
 
 	scratch string
 	mnt     string
@@ -289,7 +291,7 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.mnt = filepath.Join(b.scratch, "mnt")
-	return b.daemon(ctx, bin, "mount", "--config", cfgPath, b.mnt)
+	return b.daemon(ctx, bin, "mount", "--transport", b.transport, "--config", cfgPath, b.mnt)
 }
 
 // daemon starts dmfuse in its own process group (so that a Ctrl-C reaches it
