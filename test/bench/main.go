@@ -380,50 +380,18 @@ func (b *bench) setup(ctx context.Context) error {
 	return nil
 }
 
-// daemon starts a FUSE server in its own process group (so that a Ctrl-C
-// reaches it only through cleanup, in order) and waits until ready exists.
-// Cleanup sends SIGTERM, waits, and falls back to a lazy unmount and SIGKILL.
+// daemon starts a FUSE server (benchkit.StartServer), stops it at cleanup,
+// and waits until ready exists and is not empty; it returns the server's pid.
 func (b *bench) daemon(ctx context.Context, name, mnt, ready string, env []string, argv ...string) (int, error) {
-	var stderr bytes.Buffer
-	c := exec.Command(argv[0], argv[1:]...)
-	c.Stderr = &stderr
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Env = append(os.Environ(), env...)
-	if err := c.Start(); err != nil {
+	srv, err := benchkit.StartServer(name, mnt, env, argv...)
+	if err != nil {
 		return 0, err
 	}
-	done := make(chan struct{})
-	go func() { c.Wait(); close(done) }()
-	b.defer_(func() {
-		c.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			logf("%s did not exit within 10s of SIGTERM; unmounting lazily and killing it\n%s", name, stderr.String())
-			unix.Unmount(mnt, unix.MNT_DETACH)
-			c.Process.Kill()
-			<-done
-		}
-		if benchkit.IsMount(mnt) {
-			unix.Unmount(mnt, unix.MNT_DETACH)
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if st, err := os.Stat(ready); err == nil && st.Size() > 0 {
-			return c.Process.Pid, nil
-		}
-		select {
-		case <-done:
-			return 0, fmt.Errorf("%s exited before mounting:\n%s", name, stderr.String())
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%s did not mount within 20s:\n%s", name, stderr.String())
-		}
+	b.defer_(func() { srv.Stop(10 * time.Second) })
+	if err := srv.WaitReady(ctx, benchkit.FileReady(ready)); err != nil {
+		return 0, err
 	}
+	return srv.Pid, nil
 }
 
 // fio runs job j on device d once.

@@ -38,6 +38,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dmfuse/dmfuse/test/bench/benchkit"
+
 	"github.com/dmfuse/dmfuse/stack"
 	"golang.org/x/sys/unix"
 )
@@ -218,45 +220,23 @@ mp,,,rw,0 %[1]d multipath 1 queue_if_no_path 0 1 1 round-robin 0 2 1 p1 1 p2 1;
 	return nil
 }
 
-// daemon starts dmfuse and waits for its mount; cleanup stops it.
+// daemon starts dmfuse (benchkit.StartServer) and waits for its mount;
+// cleanup stops it.
 func (s *soak) daemon(ctx context.Context, argv ...string) error {
-	var stderr bytes.Buffer
-	c := exec.Command(argv[0], argv[1:]...)
-	c.Stderr = &stderr
-	c.Env = append(os.Environ(), "XDG_STATE_HOME="+filepath.Join(s.scratch, "state"))
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := c.Start(); err != nil {
+	srv, err := benchkit.StartServer("dmfuse", s.mnt, []string{"XDG_STATE_HOME=" + filepath.Join(s.scratch, "state")}, argv...)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() { c.Wait(); close(done) }()
-	s.undo = append(s.undo, func() {
-		c.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			logf("dmfuse did not exit within 20s of SIGTERM; unmounting lazily and killing it\n%s", stderr.String())
-			unix.Unmount(s.mnt, unix.MNT_DETACH)
-			c.Process.Kill()
-			<-done
-		}
-	})
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		if _, err := os.ReadFile(filepath.Join(s.mnt, "stats", "diskstats")); err == nil {
-			s.pid = c.Process.Pid
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("dmfuse exited before mounting:\n%s", stderr.String())
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("dmfuse did not mount within 20s:\n%s", stderr.String())
-		}
+	s.undo = append(s.undo, func() { srv.Stop(20 * time.Second) })
+	ready := func() bool {
+		_, err := os.ReadFile(filepath.Join(s.mnt, "stats", "diskstats"))
+		return err == nil
 	}
+	if err := srv.WaitReady(ctx, ready); err != nil {
+		return err
+	}
+	s.pid = srv.Pid
+	return nil
 }
 
 type fioResult struct {

@@ -4,13 +4,19 @@
 package benchkit
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -98,3 +104,94 @@ func Median(v []float64) float64 {
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
+
+// Server is a FUSE server process (dmfuse or a baseline) started by
+// StartServer.
+type Server struct {
+	// Pid is the server's process id.
+	Pid int
+
+	name   string
+	mnt    string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	mu     sync.Mutex
+	stderr bytes.Buffer
+}
+
+// StartServer starts argv in its own process group, so that a Ctrl-C reaches
+// it only through Stop, with env added to the environment. name is used in
+// messages; mnt is the folder it mounts on.
+func StartServer(name, mnt string, env []string, argv ...string) (*Server, error) {
+	s := &Server{name: name, mnt: mnt, done: make(chan struct{})}
+	s.cmd = exec.Command(argv[0], argv[1:]...)
+	s.cmd.Stderr = writerFunc(func(p []byte) (int, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.stderr.Write(p)
+	})
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	s.cmd.Env = append(os.Environ(), env...)
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
+	s.Pid = s.cmd.Process.Pid
+	go func() { s.cmd.Wait(); close(s.done) }()
+	return s, nil
+}
+
+// Stderr returns what the server has written to its standard error so far.
+func (s *Server) Stderr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stderr.String()
+}
+
+// WaitReady waits up to 20 s until ready reports that the mount answers.
+func (s *Server) WaitReady(ctx context.Context, ready func() bool) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for !ready() {
+		select {
+		case <-s.done:
+			return fmt.Errorf("%s exited before mounting:\n%s", s.name, s.Stderr())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not mount within 20s:\n%s", s.name, s.Stderr())
+		}
+	}
+	return nil
+}
+
+// Stop sends SIGTERM and waits up to grace for the server to exit; then it
+// unmounts lazily and kills it. A mount left behind is unmounted lazily.
+func (s *Server) Stop(grace time.Duration) {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(grace):
+		fmt.Fprintf(os.Stderr, "%s did not exit within %v of SIGTERM; unmounting lazily and killing it\n%s",
+			s.name, grace, s.Stderr())
+		unix.Unmount(s.mnt, unix.MNT_DETACH)
+		s.cmd.Process.Kill()
+		<-s.done
+	}
+	if IsMount(s.mnt) {
+		unix.Unmount(s.mnt, unix.MNT_DETACH)
+	}
+}
+
+// FileReady returns a readiness check: path exists and is not empty (a device
+// file of a mounted server).
+func FileReady(path string) func() bool {
+	return func() bool {
+		st, err := os.Stat(path)
+		return err == nil && st.Size() > 0
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -294,52 +294,19 @@ func (b *bench) setup(ctx context.Context) error {
 	return b.daemon(ctx, bin, "mount", "--transport", b.transport, "--config", cfgPath, b.mnt)
 }
 
-// daemon starts dmfuse in its own process group (so that a Ctrl-C reaches it
-// only through cleanup) and waits until its devices answer. Cleanup sends
-// SIGTERM, waits, and falls back to a lazy unmount and SIGKILL.
+// daemon starts dmfuse (benchkit.StartServer), stops it at cleanup, and
+// waits until its devices answer.
 func (b *bench) daemon(ctx context.Context, argv ...string) error {
-	var stderr bytes.Buffer
-	c := exec.Command(argv[0], argv[1:]...)
-	c.Stderr = &stderr
-	c.Env = append(os.Environ(), "XDG_STATE_HOME="+filepath.Join(b.scratch, "state"))
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := c.Start(); err != nil {
+	srv, err := benchkit.StartServer("dmfuse", b.mnt, []string{"XDG_STATE_HOME=" + filepath.Join(b.scratch, "state")}, argv...)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() { c.Wait(); close(done) }()
-	b.undo = append(b.undo, func() {
-		c.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			logf("dmfuse did not exit within 10s of SIGTERM; unmounting lazily and killing it\n%s", stderr.String())
-			unix.Unmount(b.mnt, unix.MNT_DETACH)
-			c.Process.Kill()
-			<-done
-		}
-		if benchkit.IsMount(b.mnt) {
-			unix.Unmount(b.mnt, unix.MNT_DETACH)
-		}
-	})
-	ready := filepath.Join(b.mnt, "d0")
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if st, err := os.Stat(ready); err == nil && st.Size() > 0 {
-			b.pid = c.Process.Pid
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("dmfuse exited before mounting:\n%s", stderr.String())
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("dmfuse did not mount within 20s:\n%s", stderr.String())
-		}
+	b.undo = append(b.undo, func() { srv.Stop(10 * time.Second) })
+	if err := srv.WaitReady(ctx, benchkit.FileReady(filepath.Join(b.mnt, "d0"))); err != nil {
+		return err
 	}
+	b.pid = srv.Pid
+	return nil
 }
 
 // cpu returns the daemon's utime+stime in clock ticks.
