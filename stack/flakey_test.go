@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -18,49 +15,6 @@ import (
 
 	"github.com/dmfuse/dmfuse/stats"
 )
-
-func init() {
-	// Other test files of the package may define -update as well.
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files in testdata/")
-	}
-}
-
-// faultGoldenUpdate reports whether -update was given.
-func faultGoldenUpdate() bool {
-	f := flag.Lookup("update")
-	if f == nil {
-		return false
-	}
-	g, ok := f.Value.(flag.Getter)
-	if !ok {
-		return false
-	}
-	v, _ := g.Get().(bool)
-	return v
-}
-
-// faultGolden compares got with testdata/<name>, rewriting it with -update.
-func faultGolden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if faultGoldenUpdate() {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from the output:\n--- got\n%s\n--- want\n%s", path, got, want)
-	}
-}
 
 // flakeyRaceBuild reports whether the test binary was built with -race, under
 // which sync.Pool drops items on purpose.

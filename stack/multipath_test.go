@@ -242,7 +242,7 @@ func TestMultipathTablesGolden(t *testing.T) {
 			t.Errorf("%s: table does not round-trip: %q -> %q", c, f.table(), again.table())
 		}
 	}
-	faultGolden(t, "multipath/tables.golden", out.String())
+	checkGolden(t, "multipath/tables.golden", out.String())
 }
 
 // TestMultipathRejected checks the multipath rows of spec §5.2 and more bad

@@ -3,7 +3,6 @@ package stack
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -76,7 +75,7 @@ func TestTablesGolden(t *testing.T) {
 		}
 		tb.Close()
 	}
-	checkFileGolden(t, "testdata/tables.golden", out.String())
+	checkGolden(t, "tables.golden", out.String())
 }
 
 func TestSpecVectors(t *testing.T) {
@@ -193,29 +192,4 @@ func FuzzTable(f *testing.F) {
 			t.Fatalf("size changed: %d -> %d", tb.Size(), again.Size())
 		}
 	})
-}
-
-// checkFileGolden compares got with the file at path; -update (defined by the
-// package's golden helpers) rewrites it.
-func checkFileGolden(t *testing.T, path, got string) {
-	t.Helper()
-	if f := flag.Lookup("update"); f != nil && f.Value.String() == "true" {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs (run with -update to accept):\n--- got\n%s\n--- want\n%s", path, got, want)
-	}
-}
-
-func init() {
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files in testdata/")
-	}
 }
