@@ -34,7 +34,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -417,28 +416,13 @@ func (b *bench) fio(ctx context.Context, j job, d string) (sample, error) {
 
 // parseFio reads the group-reported result of fio's JSON output.
 func parseFio(out []byte, write bool) (sample, error) {
-	// fio may print notes before the JSON document.
-	if i := bytes.IndexByte(out, '{'); i > 0 {
-		out = out[i:]
+	j, err := benchkit.ParseFio(out)
+	if err != nil {
+		return sample{}, err
 	}
-	var r struct {
-		Jobs []struct {
-			Read, Write struct {
-				IOPS    float64 `json:"iops"`
-				BWBytes float64 `json:"bw_bytes"`
-				Lat     struct {
-					Mean       float64            `json:"mean"`
-					Percentile map[string]float64 `json:"percentile"`
-				} `json:"lat_ns"`
-			}
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) == 0 {
-		return sample{}, fmt.Errorf("cannot parse fio output: %v", err)
-	}
-	d := r.Jobs[0].Read
+	d := j.Read
 	if write {
-		d = r.Jobs[0].Write
+		d = j.Write
 	}
 	return sample{iops: d.IOPS, mbps: d.BWBytes / 1e6, meanUs: d.Lat.Mean / 1e3, p99Us: d.Lat.Percentile["99.000000"] / 1e3}, nil
 }

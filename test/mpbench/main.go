@@ -30,7 +30,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -43,6 +42,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -275,19 +276,7 @@ func pathReads(mnt string) ([]uint64, error) {
 	return out, nil
 }
 
-// fioResult is the part of fio's JSON output used here.
-type fioResult struct {
-	Jobs []struct {
-		Read struct {
-			IOPS  float64 `json:"iops"`
-			LatNs struct {
-				Mean float64 `json:"mean"`
-			} `json:"lat_ns"`
-		} `json:"read"`
-	} `json:"jobs"`
-}
-
-func fio(ctx context.Context, file string, jobs, depth int, rt time.Duration) (*fioResult, error) {
+func fio(ctx context.Context, file string, jobs, depth int, rt time.Duration) (*benchkit.FioJob, error) {
 	args := []string{"--name=mp", "--filename=" + file, "--direct=1", "--rw=randread", "--bs=4k", "--ioengine=libaio",
 		fmt.Sprintf("--iodepth=%d", depth), fmt.Sprintf("--numjobs=%d", jobs), "--time_based",
 		fmt.Sprintf("--runtime=%dms", rt.Milliseconds()), "--group_reporting", "--output-format=json"}
@@ -295,18 +284,7 @@ func fio(ctx context.Context, file string, jobs, depth int, rt time.Duration) (*
 	if err != nil {
 		return nil, fmt.Errorf("fio on %s: %w", file, err)
 	}
-	// fio may print notes before the JSON.
-	if i := strings.IndexByte(string(out), '{'); i > 0 {
-		out = out[i:]
-	}
-	var r fioResult
-	if err := json.Unmarshal(out, &r); err != nil {
-		return nil, fmt.Errorf("fio output: %w", err)
-	}
-	if len(r.Jobs) == 0 {
-		return nil, errors.New("fio output: no jobs")
-	}
-	return &r, nil
+	return benchkit.ParseFio(out)
 }
 
 // fioIOPS runs the measured job: 2 jobs x QD16.
@@ -315,7 +293,7 @@ func fioIOPS(ctx context.Context, file string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return r.Jobs[0].Read.IOPS, nil
+	return r.Read.IOPS, nil
 }
 
 // fioLatency returns the mean latency in ns of 4k random reads at QD1.
@@ -324,5 +302,5 @@ func fioLatency(ctx context.Context, file string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return r.Jobs[0].Read.LatNs.Mean, nil
+	return r.Read.Lat.Mean, nil
 }

@@ -13,7 +13,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,7 +21,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -147,18 +145,9 @@ func fio(ctx context.Context, file string, runtime time.Duration) (float64, erro
 	if err != nil {
 		return 0, fmt.Errorf("fio: %v", err)
 	}
-	if i := bytes.IndexByte(out, '{'); i > 0 {
-		out = out[i:]
+	j, err := benchkit.ParseFio(out)
+	if err != nil {
+		return 0, err
 	}
-	var r struct {
-		Jobs []struct {
-			Read struct {
-				IOPS float64 `json:"iops"`
-			} `json:"read"`
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) == 0 {
-		return 0, fmt.Errorf("cannot parse fio output: %v: %s", err, strings.TrimSpace(string(out[:min(len(out), 200)])))
-	}
-	return r.Jobs[0].Read.IOPS, nil
+	return j.Read.IOPS, nil
 }

@@ -6,6 +6,7 @@ package benchkit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -195,3 +196,43 @@ func FileReady(path string) func() bool {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// FioJob is the first (with --group_reporting, the only) job of fio's JSON
+// output.
+type FioJob struct {
+	Read  FioDir `json:"read"`
+	Write FioDir `json:"write"`
+}
+
+// FioDir is one direction of a fio job.
+type FioDir struct {
+	IOPS    float64 `json:"iops"`
+	BWBytes float64 `json:"bw_bytes"`
+	Lat     FioLat  `json:"lat_ns"`  // submission to completion
+	Clat    FioLat  `json:"clat_ns"` // completion latency
+}
+
+// FioLat is a latency summary in nanoseconds; Percentile is keyed like
+// "99.000000".
+type FioLat struct {
+	Mean       float64            `json:"mean"`
+	Percentile map[string]float64 `json:"percentile"`
+}
+
+// ParseFio reads fio's --output-format=json output, skipping any notes fio
+// printed before the document, and returns its first job.
+func ParseFio(out []byte) (*FioJob, error) {
+	if i := bytes.IndexByte(out, '{'); i > 0 {
+		out = out[i:]
+	}
+	var r struct {
+		Jobs []FioJob `json:"jobs"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return nil, fmt.Errorf("cannot parse fio output: %w", err)
+	}
+	if len(r.Jobs) == 0 {
+		return nil, errors.New("cannot parse fio output: no jobs")
+	}
+	return &r.Jobs[0], nil
+}

@@ -30,7 +30,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -403,25 +402,13 @@ func readLatLogs(dir string) ([]int64, error) {
 
 // parseFio reads IOPS and mean completion latency from fio's JSON output.
 func parseFio(out []byte, write bool) (result, error) {
-	if i := bytes.IndexByte(out, '{'); i > 0 {
-		out = out[i:]
+	j, err := benchkit.ParseFio(out)
+	if err != nil {
+		return result{}, err
 	}
-	var r struct {
-		Jobs []struct {
-			Read, Write struct {
-				IOPS float64 `json:"iops"`
-				Clat struct {
-					Mean float64 `json:"mean"`
-				} `json:"clat_ns"`
-			}
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) == 0 {
-		return result{}, fmt.Errorf("cannot parse fio output: %v", err)
-	}
-	d := r.Jobs[0].Read
+	d := j.Read
 	if write {
-		d = r.Jobs[0].Write
+		d = j.Write
 	}
 	return result{iops: d.IOPS, meanUs: d.Clat.Mean / 1e3}, nil
 }

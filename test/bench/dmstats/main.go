@@ -22,7 +22,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -176,21 +175,9 @@ func fio(ctx context.Context, dev string, rt time.Duration) (float64, float64, e
 	if err != nil {
 		return 0, 0, fmt.Errorf("fio: %v", err)
 	}
-	var res struct {
-		Jobs []struct {
-			Read struct {
-				IOPS  float64 `json:"iops"`
-				LatNs struct {
-					Mean float64 `json:"mean"`
-				} `json:"lat_ns"`
-			} `json:"read"`
-		} `json:"jobs"`
+	j, err := benchkit.ParseFio(out)
+	if err != nil {
+		return 0, 0, err
 	}
-	if i := strings.IndexByte(string(out), '{'); i > 0 {
-		out = out[i:]
-	}
-	if err := json.Unmarshal(out, &res); err != nil || len(res.Jobs) == 0 {
-		return 0, 0, fmt.Errorf("fio output: %v", err)
-	}
-	return res.Jobs[0].Read.IOPS, res.Jobs[0].Read.LatNs.Mean / 1e3, nil
+	return j.Read.IOPS, j.Read.Lat.Mean / 1e3, nil
 }
