@@ -81,8 +81,8 @@ func BenchmarkAccuracy(b *testing.B) {
 }
 
 // BenchmarkWakeup measures the hand-off the scheduler uses to release a
-// request: a send on the request's buffered channel from a goroutine locked
-// to its thread to a goroutine parked in receive, until that goroutine runs;
+// request: a signal (futex wake) from a goroutine locked to its thread to a
+// goroutine parked in futex wait (waiter.park), until that goroutine runs;
 // "yield" then naps in 1 us ppolls as the scheduler does after a release
 // (Yield, then lingering or sleeping), "spin" keeps the CPU.
 func BenchmarkWakeup(b *testing.B) {
@@ -103,7 +103,8 @@ func benchWakeup(b *testing.B, yield bool) {
 	go func() {
 		defer close(done)
 		for range b.N {
-			<-w.ch
+			w.park()
+			w.sig.Store(0)
 			late = append(late, time.Duration(nanotime()-sent.Load()))
 			got.Store(true)
 		}
@@ -117,7 +118,7 @@ func benchWakeup(b *testing.B, yield bool) {
 			}
 			got.Store(false)
 			sent.Store(nanotime())
-			w.ch <- struct{}{}
+			w.signal()
 			for !got.Load() {
 				if yield {
 					c.Yield()

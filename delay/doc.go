@@ -25,39 +25,40 @@
 // clock.
 // Every pass releases all requests due within the clock's Lead (EarlyWake,
 // 100 us on the real clock) in arrival order. A released request finishes
-// the wait on its own goroutine, spinning on the monotonic clock (yielding
-// the CPU to other goroutines) until its deadline: waking a parked goroutine
-// on another CPU takes tens of microseconds, so releasing at the deadline
-// itself would always be that late. A request whose delay is no longer than
-// the lead never parks. A request with an earlier deadline wakes the
-// scheduler through the eventfd; with nothing queued it lingers briefly
-// (Linger) and then sleeps without a timeout. A waiting request blocks only
-// its own goroutine, on a pooled channel, and allocates nothing. The queued
-// counts of INFO drop when a request is released, up to the lead before it
-// proceeds; presuspend releases what is queued, and a request already
-// released finishes its last microseconds.
+// the wait on its own goroutine, spinning on the monotonic clock until its
+// deadline: waking a parked request on another CPU takes tens of
+// microseconds, so releasing at the deadline itself would always be that
+// late. A request whose delay is no longer than the lead never parks. A
+// request with an earlier deadline wakes the scheduler through the eventfd;
+// with nothing queued it lingers briefly (Linger) and then sleeps without a
+// timeout. A waiting request parks its thread in futex(2) on a pooled waiter
+// and allocates nothing; the release is one futex wake-up (park_linux.go says
+// why not a channel). So each waiting request holds an OS thread, which the
+// Go runtime creates as needed and keeps for reuse: 64 requests in flight on
+// a delay device mean about 64 threads. The queued counts of INFO drop when a request is
+// released, up to the lead before it proceeds; presuspend releases what is
+// queued, and a request already released finishes its last microseconds.
 //
 // Clock abstracts "now" and "wait until", so unit tests drive the same code on
 // a manual clock.
 //
 // # Measurements
 //
-// go test -run XXX -bench . -benchtime 2s ./delay/ on a noisy 2-vCPU VM,
-// lateness = actual minus requested delay of a 4 KiB ReadAt, median / p99 of
-// 6 runs interleaved with the same scheduler releasing at the deadline:
+// go test -run XXX -bench 'Accuracy/scheduler|Wakeup|QD1CPU|QueueDepth'
+// -benchtime 2000x -count 3 ./delay/ on an otherwise idle 2-vCPU VM;
+// lateness = actual minus requested delay of a 4 KiB ReadAt, median / p99,
+// range of the 3 runs (the same command before requests parked in futex(2),
+// when they parked on a channel, in brackets):
 //
-//	delay    released 100 us early    at the deadline    time.Timer
-//	0.05 ms  0.5 us / 858 us          28 us / 216 us     1040 us / 1109 us
-//	0.1 ms   0.6 us / 1.05 ms         27 us / 750 us     979 us / 1052 us
-//	1 ms     1.7 us / 3.1 ms          36 us / 2.7 ms     88 us / 128 us
-//	10 ms    8.8 us / 6.5 ms          96 us / 3.6 ms     214 us / 284 us
+//	0.05 ms  0.3-0.4 us / 16-35 us
+//	0.1 ms   0.4-0.6 us / 26-42 us
+//	1 ms     1.2-1.6 us / 147-195 us    [1.8-2.2 us / 464-501 us]
+//	10 ms    6.0-6.7 us / 617-911 us    [28-36 us / 373-735 us]
 //
-// Releasing early removes the hand-off to the parked request goroutine
-// (BenchmarkWakeup: about 65 us median when another vCPU has to wake up) from
-// the median. The p99s did not differ measurably; they were taken with a load
-// average of 4 to 10 on the 2 vCPUs and follow the machine's scheduling noise.
-// CPU: 0.1 ms per second idle with a target constructed (BenchmarkIdleCPU);
-// 263 ms per second serving QD1 at 1 ms (211 when releasing at the deadline;
-// BenchmarkQD1CPU); 64 concurrent requests on 10 ms reach 5965 IOPS of 6400
-// (BenchmarkQueueDepth).
+// The release itself (BenchmarkWakeup, futex wake to the parked thread
+// running) takes 3.7-5.4 us at the median when the scheduler naps right after
+// it, about 65 us with a channel. CPU: 0.2 ms per second idle with a target
+// constructed (BenchmarkIdleCPU); 405-422 ms per second serving QD1 at 1 ms
+// (BenchmarkQD1CPU, 964-968 IOPS); 64 concurrent requests on 10 ms reach
+// 5931-5944 IOPS of 6400 (BenchmarkQueueDepth).
 package delay

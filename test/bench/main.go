@@ -98,6 +98,7 @@ func main() {
 		out     = flag.String("out", "bench.md", "file to write the markdown table to")
 		transp  = flag.String("transport", "dev", "dmfuse --transport: dev is the baseline's transport (go-fuse reading /dev/fuse); \"\" passes none")
 		env     = flag.String("daemon-env", "", "extra environment of the dmfuse daemon, e.g. GOMAXPROCS=4 (comma separated)")
+		xarg    = flag.String("daemon-args", "", "extra dmfuse mount flags, space separated, e.g. --uring-depth=64")
 		hold    = flag.Bool("hold", false, "after setting up, print the mounts and wait for SIGINT (for profiling by hand)")
 	)
 	flag.Usage = func() {
@@ -105,7 +106,7 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	b := &bench{pairs: *pairs, runtime: *rt, size: *size << 20, out: *out, hold: *hold, transport: *transp}
+	b := &bench{pairs: *pairs, runtime: *rt, size: *size << 20, out: *out, hold: *hold, transport: *transp, daemonArgs: strings.Fields(*xarg)}
 	if *env != "" {
 		b.daemonEnv = strings.Split(*env, ",")
 	}
@@ -182,9 +183,11 @@ type bench struct {
 	out       string
 	hold      bool
 	transport string
-	daemonEnv []string
-	jobs      []job
-	devices   []string
+	// daemonArgs are more dmfuse mount flags.
+	daemonArgs []string
+	daemonEnv  []string
+	jobs       []job
+	devices    []string
 
 	scratch   string
 	tmpfs     string
@@ -346,6 +349,7 @@ func (b *bench) setup(ctx context.Context) error {
 	if b.transport != "" {
 		argv = append(argv, "--transport="+b.transport)
 	}
+	argv = append(argv, b.daemonArgs...)
 	pid, err := b.daemon(ctx, "dmfuse", dm, filepath.Join(dm, "linear"), b.daemonEnv, append(argv, dm)...)
 	if err != nil {
 		return err
@@ -432,8 +436,8 @@ func (b *bench) report(res map[string]map[string][]sample, ratios map[string]map
 	var w strings.Builder
 	host, _ := os.Hostname()
 	load, _ := os.ReadFile("/proc/loadavg")
-	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s, %s; dmfuse transport %q; %d pairs x %v per job (+%v ramp), took %v; load average at the end: %s\n\n",
-		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), host, b.transport, b.pairs, b.runtime, b.ramp(), took.Round(time.Second), strings.Join(strings.Fields(string(load))[:3], " "))
+	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s, %s; dmfuse transport %q %q; %d pairs x %v per job (+%v ramp), took %v; load average at the end: %s\n\n",
+		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), host, b.transport, b.daemonArgs, b.pairs, b.runtime, b.ramp(), took.Round(time.Second), strings.Join(strings.Fields(string(load))[:3], " "))
 	fmt.Fprintf(&w, "| job | device | IOPS | MB/s | mean lat | p99 lat | ratio (min-max) |\n|---|---|---:|---:|---:|---:|---|\n")
 	var notes []string
 	for _, j := range b.jobs {

@@ -16,8 +16,11 @@
 // /proc/PID/stat over -idle), and runs each row of the table (4 KiB,
 // --direct=1, -runtime each after a ramp of 2 s). Each QD1 row is preceded by
 // the same job on d0 (for -zero-runtime), whose mean completion latency is the
-// FUSE round trip of that row: its ceiling is 1 / (delay + round trip). The
-// io_uring row's ceiling is queue depth / delay. Completion latencies are
+// FUSE round trip of that row: its ceiling is 1 / (delay + round trip). Then
+// the same job on d0 again with fio's --thinktime equal to the delay gives the
+// round trip after the CPUs idled that long, and the idle-gap bound
+// 1 / (delay + that round trip). The io_uring row's ceiling is queue depth /
+// delay. Completion latencies are
 // exact, from fio's per-I/O latency log, not its histogram buckets. The daemon's
 // CPU time is also taken around the 1 ms read row.
 //
@@ -83,13 +86,14 @@ func main() {
 		size = flag.Int64("size", 256, "size of the backing file and of each device, MiB")
 		out  = flag.String("out", "", "also write the markdown table to this file")
 		tr   = flag.String("transport", "dev", "dmfuse --transport (auto, uring or dev)")
+		xarg = flag.String("daemon-args", "", "extra dmfuse mount flags, space separated")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run ./test/bench/delay [flags]\n\nNeeds root, /dev/fuse, fio and go.\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	b := &bench{runtime: *rt, zeroRuntime: *zrt, idle: *idle, size: *size << 20, transport: *tr}
+	b := &bench{runtime: *rt, zeroRuntime: *zrt, idle: *idle, size: *size << 20, transport: *tr, extra: strings.Fields(*xarg)}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
@@ -122,6 +126,7 @@ type bench struct {
 	runtime, zeroRuntime, idle time.Duration
 	size                       int64
 	transport                  string
+	extra                      []string // more dmfuse mount flags
 
 	scratch string
 	mnt     string
@@ -166,6 +171,8 @@ func (b *bench) run(ctx context.Context) (string, error) {
 		cpuMsPerS  float64
 		roundTrip  float64 // us
 		hasRoundTr bool
+		idle       result  // the zero-delay device with the delay as think time
+		bound      float64 // 1 / (delay + idle's mean latency)
 	}
 	var lines []line
 	for _, r := range rows {
@@ -178,6 +185,12 @@ func (b *bench) run(ctx context.Context) (string, error) {
 			}
 			l.zero, l.roundTrip, l.hasRoundTr = z, z.meanUs, true
 			l.ceiling = 1e6 / (r.delayMs*1e3 + z.meanUs)
+			logf("%s: zero-delay round trip after %v ms idle (%v)", r.title, r.delayMs, b.zeroRuntime)
+			think := fmt.Sprintf("--thinktime=%dus", int(r.delayMs*1e3))
+			if l.idle, err = b.fio(ctx, r, "d0", b.zeroRuntime, think); err != nil {
+				return "", err
+			}
+			l.bound = 1e6 / (r.delayMs*1e3 + l.idle.meanUs)
 		} else {
 			l.ceiling = 64 / (r.delayMs / 1e3)
 		}
@@ -194,18 +207,21 @@ func (b *bench) run(ctx context.Context) (string, error) {
 
 	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s; %v per row after a 2 s ramp, %v per zero-delay run; took %v; load average before %s, after %s\n\n",
 		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), b.runtime, b.zeroRuntime, time.Since(start).Round(time.Second), load0, loadavg())
-	fmt.Fprintf(&w, "| fio job (4k, --direct=1) | IOPS | ceiling | %% of ceiling | late p50 | late p99 | zero-delay round trip (mean / p50 / p99) |\n")
-	fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---|\n")
+	fmt.Fprintf(&w, "| fio job (4k, --direct=1) | IOPS | ceiling | %% of ceiling | late p50 | late p99 | zero-delay round trip (mean / p50 / p99) | after an idle gap (mean / p50 / p99) | idle-gap bound | %% of bound |\n")
+	fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---|---|---:|---:|\n")
 	for _, l := range lines {
-		rt := "-"
+		rt, irt, bound, ofBound := "-", "-", "-", "-"
 		if l.hasRoundTr {
 			rt = fmt.Sprintf("%.0f / %.0f / %.0f us", l.roundTrip, l.zero.p50, l.zero.p99)
+			irt = fmt.Sprintf("%.0f / %.0f / %.0f us", l.idle.meanUs, l.idle.p50, l.idle.p99)
+			bound, ofBound = fmt.Sprintf("%.0f", l.bound), fmt.Sprintf("%.1f%%", 100*l.res.iops/l.bound)
 		}
 		d := l.r.delayMs * 1e3
-		fmt.Fprintf(&w, "| %s | %.0f | %.0f | **%.1f%%** | %s | %s | %s |\n", l.r.title, l.res.iops, l.ceiling,
-			100*l.res.iops/l.ceiling, lateUs(l.res.p50-d), lateUs(l.res.p99-d), rt)
+		fmt.Fprintf(&w, "| %s | %.0f | %.0f | **%.1f%%** | %s | %s | %s | %s | %s | %s |\n", l.r.title, l.res.iops, l.ceiling,
+			100*l.res.iops/l.ceiling, lateUs(l.res.p50-d), lateUs(l.res.p99-d), rt, irt, bound, ofBound)
 	}
 	fmt.Fprintf(&w, "\nLate = completion latency minus the requested delay (exact, from fio's per-I/O log; it includes the FUSE round trip).\n")
+	fmt.Fprintf(&w, "After an idle gap = the zero-delay device with fio --thinktime equal to the row's delay: the round trip when the CPUs have idled for that long, as they do while a request waits; idle-gap bound = 1 / (delay + its mean).\n")
 	fmt.Fprintf(&w, "Daemon CPU time (utime+stime of /proc/PID/stat): idle %.2f ms/s over %v", idleCPU, b.idle)
 	for _, l := range lines {
 		if l.r.cpu {
@@ -290,7 +306,8 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.mnt = filepath.Join(b.scratch, "mnt")
-	return b.daemon(ctx, bin, "mount", "--transport", b.transport, "--config", cfgPath, b.mnt)
+	argv := append([]string{bin, "mount", "--transport", b.transport, "--config", cfgPath}, b.extra...)
+	return b.daemon(ctx, append(argv, b.mnt)...)
 }
 
 // daemon starts dmfuse (benchkit.StartServer), stops it at cleanup, and
@@ -325,7 +342,7 @@ func (b *bench) cpu() int64 {
 
 // fio runs row r's job on device dev for rt and returns IOPS and exact
 // completion latency percentiles.
-func (b *bench) fio(ctx context.Context, r row, dev string, rt time.Duration) (result, error) {
+func (b *bench) fio(ctx context.Context, r row, dev string, rt time.Duration, extra ...string) (result, error) {
 	logDir, err := os.MkdirTemp(b.scratch, "lat-")
 	if err != nil {
 		return result{}, err
@@ -346,6 +363,7 @@ func (b *bench) fio(ctx context.Context, r row, dev string, rt time.Duration) (r
 	} else {
 		args = append(args, "--ioengine=psync", "--iodepth=1", "--numjobs=1")
 	}
+	args = append(args, extra...)
 	c := exec.CommandContext(ctx, "fio", args...)
 	c.Dir = logDir
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
