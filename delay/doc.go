@@ -28,7 +28,9 @@
 // the wait on its own goroutine, spinning on the monotonic clock until its
 // deadline: waking a parked request on another CPU takes tens of
 // microseconds, so releasing at the deadline itself would always be that
-// late. A request whose delay is no longer than the lead never parks. A
+// late. A request whose delay is no longer than the lead never parks and
+// never involves the scheduler: it spins, and leaves its queue at its
+// deadline unless presuspend releases it first. A
 // request with an earlier deadline wakes the scheduler through the eventfd;
 // with nothing queued it lingers briefly (Linger) and then sleeps without a
 // timeout. A waiting request parks its thread in futex(2) on a pooled waiter

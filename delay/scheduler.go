@@ -312,7 +312,10 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	l := &q.mu.lists[c]
 	first := l.head == nil
 	l.push(w)
-	if first {
+	if first && long {
+		// A short request needs no scheduler: it spins, and leaves the
+		// queue at its deadline unless released first. All requests of
+		// a class have the same delay, so they still leave in order.
 		q.s.schedule(q, w.deadline)
 	}
 	q.mu.Unlock()
