@@ -22,7 +22,7 @@ func stillRunning(t *testing.T, o *op, what string) {
 // a request 2 ms before its deadline and the request finishes the wait
 // itself, returning only at the deadline; a delay no longer than the lead
 // never parks but still waits its full delay; presuspend still releases at
-// once.
+// once, parked or spinning.
 func TestEarlyRelease(t *testing.T) {
 	r := newRig(t)
 	r.clock.lead = 2 * ms
@@ -48,6 +48,7 @@ func TestEarlyRelease(t *testing.T) {
 	}
 
 	wr := r.write(tg, ctx)
+	waitStatus(t, tg, "0 1 0") // queued (its deadline taken) before the clock moves
 	stillRunning(t, wr, "a write shorter than the lead")
 	r.clock.Advance(ms)
 	if err := wr.result(t); err != nil {
@@ -63,5 +64,17 @@ func TestEarlyRelease(t *testing.T) {
 	if err := rd.result(t); err != nil {
 		t.Fatal(err)
 	}
+	tg.Resume()
+
+	// A request no longer than the lead spins without the scheduler but
+	// counts as queued, and presuspend releases it too.
+	wr = r.write(tg, ctx)
+	waitStatus(t, tg, "0 1 0")
+	stillRunning(t, wr, "a write shorter than the lead")
+	tg.Presuspend(false)
+	if err := wr.result(t); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, tg, "0 0 0")
 	tg.Resume()
 }

@@ -305,7 +305,8 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	w := waiterPool.Get().(*waiter)
 	w.sig.Store(0)
 	long := d > q.s.clock.Lead()
-	w.deadline = q.s.clock.Now() + d
+	due := q.s.clock.Now() + d // presuspend rewrites w.deadline once queued
+	w.deadline = due
 	w.class, w.state = uint8(c), stateQueued
 	q.mu.seq++
 	w.seq = q.mu.seq
@@ -325,7 +326,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 		// than the delay. Spin until released or due; a request that is
 		// due before the scheduler took it leaves the queue itself.
 		for w.sig.Load() == 0 {
-			if q.s.clock.Now() < w.deadline {
+			if q.s.clock.Now() < due {
 				runtime.Gosched() // up to the whole delay: let others run
 				continue
 			}
