@@ -23,23 +23,23 @@
 // waits in ppoll(2) on an eventfd, in naps of at most MaxSleep, until
 // SpinWindow before the earliest release time, then spins on the monotonic
 // clock.
-// Every pass releases all requests due within the clock's Lead (EarlyWake,
-// 100 us on the real clock) in arrival order. A released request finishes
-// the wait on its own goroutine, spinning on the monotonic clock until its
-// deadline: waking a parked request on another CPU takes tens of
-// microseconds, so releasing at the deadline itself would always be that
-// late. A request whose delay is no longer than the lead never parks and
-// never involves the scheduler: it spins, and leaves its queue at its
-// deadline unless presuspend releases it first. A
-// request with an earlier deadline wakes the scheduler through the eventfd;
-// with nothing queued it lingers briefly (Linger) and then sleeps without a
-// timeout. A waiting request parks its thread in futex(2) on a pooled waiter
-// and allocates nothing; the release is one futex wake-up (park_linux.go says
-// why not a channel). So each waiting request holds an OS thread, which the
-// Go runtime creates as needed and keeps for reuse: 64 requests in flight on
-// a delay device mean about 64 threads. The queued counts of INFO drop when a request is
-// released, up to the lead before it proceeds; presuspend releases what is
-// queued, and a request already released finishes its last microseconds.
+// Every pass releases all requests due within the clock's Lead (EarlyWake, 100
+// us on the real clock) in arrival order. A released request finishes the wait
+// on its own goroutine, spinning on the monotonic clock until its deadline:
+// waking a parked request on another CPU takes tens of microseconds, so
+// releasing at the deadline itself would always be that late. A request whose
+// delay is no longer than the lead never parks and never involves the
+// scheduler: it spins, and leaves its queue at its deadline unless presuspend
+// releases it first. A request with an earlier deadline wakes the scheduler
+// through the eventfd; with nothing queued it lingers briefly (Linger) and then
+// sleeps without a timeout. A waiting request parks its thread in futex(2) on a
+// pooled waiter and allocates nothing; the release is one futex wake-up
+// (park_linux.go says why not a channel). So each waiting request holds an OS
+// thread, which the Go runtime creates as needed and keeps for reuse: 64
+// requests in flight on a delay device mean about 64 threads. The queued counts
+// of INFO drop when a request is released, up to the lead before it proceeds;
+// presuspend releases what is queued, and a request already released finishes
+// its last microseconds.
 //
 // Clock abstracts "now" and "wait until", so unit tests drive the same code on
 // a manual clock.

@@ -22,8 +22,8 @@ const (
 // to steal it, it waits for the runtime's sysmon, which sleeps up to 10 ms
 // when the process is quiet. Measured with fio at QD1 on a 10 ms device
 // (6 s, two runs each), replies more than 0.5 ms late fell from 36-38 to
-// 8-33 and the p99 from 15 ms to 11-13 ms; in process (BenchmarkAccuracy)
-// the median lateness at 10 ms fell from about 30 us to 8 us.
+// 8-33 and the p99 from 15 ms to 10.5-13 ms; in process (BenchmarkAccuracy)
+// the median lateness at 10 ms fell from about 30 us to 6-8 us.
 func (w *waiter) park() {
 	for w.sig.Load() == 0 {
 		unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(&w.sig)), futexWaitPrivate, 0, 0, 0, 0)

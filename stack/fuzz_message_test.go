@@ -112,15 +112,15 @@ func checkRegionRoundTrip(t *testing.T, m *Manager, name, id string) {
 	if len(f) < 4 {
 		t.Fatalf("region %s lists as %q", id, line)
 	}
-	args := []string{"@stats_create", f[0], f[1]}
-	if feats := f[4:]; len(feats) > 0 {
-		for _, ft := range feats {
-			if ft != "precise_timestamps" && !strings.HasPrefix(ft, "histogram:") {
-				return // a program id or aux data with blanks in it: not reparsable from the listing
-			}
+	feats := f[4:]
+	for _, ft := range feats {
+		if ft != "precise_timestamps" && !strings.HasPrefix(ft, "histogram:") {
+			return // a program id or aux data with blanks in it: not reparsable from the listing
 		}
-		args = append(append(args, strconv.Itoa(len(feats))), feats...)
 	}
+	// The count of optional arguments is given even when it is 0: a
+	// program id that is a number would otherwise be read as the count.
+	args := append([]string{"@stats_create", f[0], f[1], strconv.Itoa(len(feats))}, feats...)
 	args = append(args, f[2], f[3])
 	out, err := m.Message(context.Background(), name, 0, args)
 	if err != nil {
