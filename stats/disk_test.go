@@ -1,17 +1,15 @@
 package stats
 
 import (
-	"flag"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
-)
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+	goldenfile "github.com/dmfuse/dmfuse/test/golden"
+)
 
 // fakeClock is a Clock that tests move by hand.
 type fakeClock struct{ ns atomic.Int64 }
@@ -28,23 +26,10 @@ func newFake() (*fakeClock, *Disk) {
 	return c, NewDisk(c)
 }
 
-// golden compares got with testdata/name, or rewrites it with -update.
+// golden compares got with testdata/name (golden.Check).
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != string(want) {
-		t.Errorf("%s:\ngot  %q\nwant %q", name, got, want)
-	}
+	goldenfile.Check(t, filepath.Join("testdata", name), got)
 }
 
 // doIO does one piece from startMs to endMs on the fake clock.

@@ -3,7 +3,6 @@ package test
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -20,33 +19,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/stack"
+
+	"github.com/dmfuse/dmfuse/test/golden"
 )
 
-func init() {
-	if flag.Lookup("update") == nil {
-		flag.Bool("update", false, "rewrite golden files in testdata/")
-	}
-}
-
-// checkGolden compares got with the file at path; -update rewrites it.
+// checkGolden compares got with the file at path (golden.Check).
 func checkGolden(t *testing.T, path, got string) {
 	t.Helper()
-	if f := flag.Lookup("update"); f != nil && f.Value.String() == "true" {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs (run with -update to accept):\n--- got\n%s\n--- want\n%s", path, got, want)
-	}
+	golden.Check(t, path, []byte(got))
 }
 
 // dmfuse runs the client binary against the daemon d (through DMFUSE_MOUNT)
