@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 )
 
 // Dust is the dust target type (dm-dust 1.0.0): a linear mapping that emulates
@@ -309,14 +311,14 @@ func (d *dust) Message(_ context.Context, args []string) (string, error) {
 		}
 		return "", dustMsgError("unrecognized message '%s' received", args[0])
 	case 2, 3:
-		blk, err := ParseUint64(args[1])
-		if err != nil {
+		blk, ok := dmarg.Uint64(args[1]) // sscanf "%llu%c", as dust_message
+		if !ok {
 			return "", dustMsgError("%s %s: invalid block number", args[0], args[1])
 		}
 		var cnt uint8
 		if len(args) == 3 {
-			c, err := ParseUint32(args[2])
-			if err != nil {
+			c, ok := dmarg.Uint32(args[2]) // sscanf "%u%c"
+			if !ok {
 				return "", dustMsgError("%s %s %s: invalid write fail count", args[0], args[1], args[2])
 			}
 			if c > 255 {

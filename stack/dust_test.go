@@ -92,7 +92,7 @@ func TestDustTableVectors(t *testing.T) {
 	}
 
 	// The table form is accepted back.
-	for _, in := range []string{"8:16 0 512", "8:16 +16 1024", "8:16 1024 4096"} {
+	for _, in := range []string{"8:16 0 512", "8:16 16 1024", "8:16 1024 4096"} {
 		d := newTestDust(t, dev, 2048, in, nil)
 		if got := newTestDust(t, dev, 2048, d.Status(StatusTable), nil).Status(StatusTable); got != d.Status(StatusTable) {
 			t.Errorf("dust %q: table %q does not round-trip (%q)", in, d.Status(StatusTable), got)

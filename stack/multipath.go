@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 	"golang.org/x/sys/unix"
 )
 
@@ -858,8 +859,8 @@ func (m *multipath) Message(_ context.Context, args []string) (string, error) {
 
 // groupArg reads a 1-based group number (switch_pg_num, bypass_pg_num).
 func (m *multipath) groupArg(verb, arg string) (*priorityGroup, error) {
-	n, err := ParseUint32(arg)
-	if err != nil || n == 0 || int(n) > len(m.pgs) {
+	n, ok := dmarg.Uint32(arg) // sscanf "%u%c"
+	if !ok || n == 0 || int(n) > len(m.pgs) {
 		return nil, Errorf("invalid PG number supplied to %s: %q: 1..%d", strings.ToLower(verb), arg, len(m.pgs))
 	}
 	return m.pgs[n-1], nil

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -857,6 +858,8 @@ func FuzzMultipathArgs(f *testing.F) {
 		"2 pg_init_retries 5 0 1 1 round-robin 0 1 1 8:16 1",
 		"0 3 alua 1 2 1 1 queue-length 0 2 1 8:16 1 8:32 1",
 		"0 0 0 0", "1 foo 0 0 0", "9 0",
+		"+0 0 0 0", "4294967296 0 0 0", "0 0 4294967297 1 round-robin 0 1 0 8:16", "0 0 1 1 round-robin 0 +1 0 8:16",
+		"0 0 1 1 round-robin 0 1 1 8:16 4294967297", "0 2 alua x 0 0",
 	} {
 		f.Add(s)
 	}
@@ -890,15 +893,25 @@ func FuzzMultipathArgs(f *testing.F) {
 // cleanly.
 func FuzzMultipathMessage(f *testing.F) {
 	for _, s := range []string{"fail_path 8:16", "reinstate_path 8:32", "switch_group 2", "disable_group 1",
-		"enable_group 2", "queue_if_no_path", "fail_if_no_path", "fail_path 8:99", "switch_group 0", "x y z"} {
+		"enable_group 2", "queue_if_no_path", "fail_if_no_path", "fail_path 8:99", "switch_group 0", "x y z",
+		"switch_group +1", "switch_group 4294967298", "disable_group \\ 1", "enable_group -0", "switch_group 0x1"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, msg string) {
 		m := newMP(t, "0 0 2 1 round-robin 0 2 1 8:16 1 8:32 1 historical-service-time 0 1 1 8:48 1")
 		for _, line := range strings.Split(msg, ";") {
-			_, err := m.m.Message(context.Background(), SplitArgs(line))
+			args := SplitArgs(line)
+			_, err := m.m.Message(context.Background(), args)
 			if err != nil && !errors.Is(err, syscall.EINVAL) {
 				t.Fatalf("%q: %v is not EINVAL", line, err)
+			}
+			// Group numbers are sscanf "%u%c" in 1..#groups.
+			if len(args) == 2 && (strings.EqualFold(args[0], "switch_group") ||
+				strings.EqualFold(args[0], "enable_group") || strings.EqualFold(args[0], "disable_group")) {
+				n, ok := dmarg.Uint32(args[1])
+				if want := ok && n >= 1 && n <= 2; (err == nil) != want {
+					t.Fatalf("%q: %v; group %d, %v", line, err, n, ok)
+				}
 			}
 		}
 		_ = m.m.Status(StatusInfo)
