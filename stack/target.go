@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/clock"
 )
 
 // SectorSize is the size of a device-mapper sector in bytes. Every start, length
@@ -145,9 +147,10 @@ type Ctor struct {
 	Event func()
 }
 
-// Clock returns monotonic nanoseconds. Targets whose behaviour depends on time
-// take it from Ctor.Clock so that tests can drive them with a manual clock.
-type Clock interface{ Nanotime() int64 }
+// Clock returns monotonic nanoseconds (clock.Clock). Targets whose behaviour
+// depends on time take it from Ctor.Clock so that tests can drive them with a
+// manual clock.
+type Clock = clock.Clock
 
 // TargetType describes one target type: its name, version and constructor.
 type TargetType struct {

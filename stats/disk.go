@@ -44,6 +44,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/dmfuse/dmfuse/clock"
 )
 
 // Op is the kind of one accounted I/O piece, as the bio-based device-mapper core sees it.
@@ -104,8 +106,8 @@ func (op Op) dir() int {
 	return 1
 }
 
-// Clock returns monotonic nanoseconds.
-type Clock interface{ Nanotime() int64 }
+// Clock returns monotonic nanoseconds (clock.Clock).
+type Clock = clock.Clock
 
 type monoClock struct{ base time.Time }
 
