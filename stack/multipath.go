@@ -48,7 +48,7 @@ type multipath struct {
 	pgInitRetries  uint32
 	pgInitDelay    uint32
 	pgInitDelaySet bool
-	hwName         string // stored and printed; there are no handlers to run
+	hwName         string // printed while the table has no path (see parsePG)
 	hwArgs         []string
 	pgs            []*priorityGroup
 	devs           []BlockDevice
@@ -67,7 +67,6 @@ type multipath struct {
 		sync.Mutex
 		queueIfNoPath bool
 		savedQueue    bool // MPATHF_SAVED_QUEUE_IF_NO_PATH
-		pgInitCount   uint32
 		noflush       bool // between a noflush presuspend and postsuspend
 		suspended     bool // between postsuspend and resume: messages get EBUSY
 		closed        bool
@@ -128,8 +127,11 @@ func mpErr(kernel, format string, a ...any) error {
 // <0..60000>, queue_mode <bio|rq|mq>. dmfuse is bio-based whatever queue_mode
 // says; the table prints what the kernel prints for the mode given (bio mode
 // sets retain_attached_hw_handler and ignores a hardware handler). A
-// hardware handler is stored and printed only (there are none to run: a
-// group switch counts as one instantly successful pg_init). Counts are
+// hardware handler needs a SCSI path, and dmfuse paths are files and mapped
+// devices: as the kernel does for a path that is not SCSI, the first path
+// drops the handler with a logged "hardware handlers are only allowed for
+// scsi devices", so table prints "0" for it (a table without paths keeps it)
+// and no pg_init ever runs (pg_init_count stays 0). Counts are
 // 0..1024; each group has 1..1024 paths. Selectors are those of package
 // selectors (round-robin, queue-length, service-time,
 // historical-service-time). A path is any device argument (interface.md §4)
@@ -318,6 +320,13 @@ func (m *multipath) parsePG(c *Ctor, as *Args, num int) (*priorityGroup, error) 
 		dev, err := c.Open(devArg)
 		if err != nil {
 			return nil, mpErr("error getting device", "group %d, path %q: %v", num, devArg, err)
+		}
+		// parse_path: scsi_dh_attached_handler_name says -ENODEV for a
+		// path that is not a SCSI device, and a hardware handler given for
+		// it is logged and dropped. No dmfuse path is a SCSI device.
+		if m.hwName != "" {
+			m.logger.Printf("multipath: hardware handlers are only allowed for scsi devices")
+			m.hwName, m.hwArgs = "", nil
 		}
 		if err := CheckArea(dev, 0, c.Len); err != nil {
 			return nil, err

@@ -31,15 +31,11 @@ func (m *multipath) chooseIn(pg *priorityGroup, n int) *pgpath {
 	return pp
 }
 
-// switchPGLocked is __switch_pg. Without handlers to activate, the group is
-// ready at once: queue_io is cleared, and with a hardware handler the
-// activation counts as one pg_init.
+// switchPGLocked is __switch_pg without a hardware handler (no dmfuse path
+// keeps one, see parsePG): the group is ready at once and queue_io is
+// cleared.
 func (m *multipath) switchPGLocked(pg *priorityGroup) {
 	m.currentPG.Store(pg)
-	m.mu.pgInitCount = 0
-	if m.hwName != "" {
-		m.mu.pgInitCount = 1
-	}
 	m.queueIO.Store(false)
 }
 

@@ -17,7 +17,8 @@ func (m *multipath) Status(t StatusType) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if t == StatusInfo {
-		fmt.Fprintf(&b, "2 %d %d ", b2u(m.queueIO.Load()), m.mu.pgInitCount)
+		// pg_init_count is 0: without a hardware handler pg_init never runs.
+		fmt.Fprintf(&b, "2 %d 0 ", b2u(m.queueIO.Load()))
 	} else {
 		q := m.mu.queueIfNoPath
 		nfeat := b2u(q) + 2*b2u(m.pgInitRetries > 0) + 2*b2u(m.pgInitDelaySet) + b2u(m.retainHW) + 2*b2u(m.bio)

@@ -246,6 +246,48 @@ func TestMultipathTablesGolden(t *testing.T) {
 	checkGolden(t, "multipath/tables.golden", out.String())
 }
 
+// TestMultipathHWHandlerNonSCSI: a hardware handler needs a SCSI path
+// (scsi_dh). As drivers/md/dm-mpath.c: parse_path does for a path that is
+// not SCSI, the handler is logged and dropped at the first path: table prints
+// "0" for it and no group switch runs a pg_init. dmfuse paths are never
+// SCSI. A table without paths keeps the handler it was given.
+func TestMultipathHWHandlerNonSCSI(t *testing.T) {
+	var logs bytes.Buffer
+	log.SetOutput(&logs)
+	t.Cleanup(func() { log.SetOutput(os.Stderr) })
+	for _, c := range []struct{ params, table, status string }{
+		{"0 1 alua 1 1 round-robin 0 1 1 8:16 1",
+			"0 1024 multipath 0 0 1 1 round-robin 0 1 1 8:16 1 $",
+			"0 1024 multipath 2 0 0 0 1 1 A 0 1 0 8:16 A 0 $"},
+		{"0 3 emc 1 2 2 1 queue-length 0 1 1 8:16 1 round-robin 0 1 1 8:32 1",
+			"0 1024 multipath 0 0 2 1 queue-length 0 1 1 8:16 1 round-robin 0 1 1 8:32 1 $",
+			"0 1024 multipath 2 0 0 0 2 1 A 0 1 1 8:16 A 0 0 E 0 1 0 8:32 A 0 $"},
+		{"1 retain_attached_hw_handler 1 alua 1 1 round-robin 0 1 1 8:16 1",
+			"0 1024 multipath 1 retain_attached_hw_handler 0 1 1 round-robin 0 1 1 8:16 1 $",
+			"0 1024 multipath 2 0 0 0 1 1 A 0 1 0 8:16 A 0 $"},
+		{"0 1 alua 0 0", "0 1024 multipath 0 1 alua 0 0 $", ""},
+	} {
+		logs.Reset()
+		f := newMP(t, c.params)
+		wantStr(t, c.params+": table", f.table(), c.table)
+		dropped := strings.Count(logs.String(), "hardware handlers are only allowed for scsi devices")
+		if c.status == "" {
+			if dropped != 0 {
+				t.Errorf("%s: handler dropped without a path: %q", c.params, logs.String())
+			}
+			continue
+		}
+		if dropped != 1 {
+			t.Errorf("%s: log %q, want the handler dropped once", c.params, logs.String())
+		}
+		if err := f.read(t); err != nil {
+			t.Fatal(err)
+		}
+		// pg_init_count stays 0 after the first group switch.
+		wantStr(t, c.params+": status after I/O", f.status(), c.status)
+	}
+}
+
 // TestMultipathRejected checks the multipath rows of spec §5.2 and more bad
 // tables: the error carries the kernel's text.
 func TestMultipathRejected(t *testing.T) {
