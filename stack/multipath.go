@@ -141,12 +141,15 @@ func mpErr(kernel, format string, a ...any) error {
 // <group status> <#paths> <table_args> {<dev> <path status>}...}..."; INFO:
 // "2 <queue_io> <pg_init_count> 0 <#groups> <pgnum> {<A|D|E> <group status>
 // <#paths> <info_args> {<dev> <A|F> <fail_count> <path status>}...}...";
-// every field is followed by one space, as in the kernel.
+// every field is followed by one space, as in the kernel. Paths and the
+// handler name print escaped (EscapeArg), so that a table over files with
+// white space or backslashes in their names loads again.
 //
 // Messages (case-insensitive, EBUSY while suspended): queue_if_no_path,
 // fail_if_no_path, disable_group <n>, enable_group <n>, switch_group <n>,
 // fail_path <dev>, reinstate_path <dev>. <dev> is any form of a device
-// argument that resolves to the path's device.
+// argument that resolves to the path's device, or the escaped form that table
+// and status print.
 func newMultipath(c *Ctor, args []string) (Target, error) {
 	m := &multipath{clock: selectors.SystemClock, event: c.Event, logger: log.Default()}
 	if c.Clock != nil {

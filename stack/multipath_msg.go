@@ -66,26 +66,19 @@ func (m *multipath) Message(_ context.Context, args []string) (string, error) {
 		m.event()
 		return "", nil
 	case strings.EqualFold(verb, "fail_path"), strings.EqualFold(verb, "reinstate_path"):
-		key, err := resolveMessageDev(arg)
+		paths, err := m.pathsOn(arg)
 		if err != nil {
 			return "", err
 		}
-		found := false
-		for _, pg := range m.pgs {
-			for _, pp := range pg.paths {
-				if !key.matches(pp.dev) {
-					continue
-				}
-				found = true
-				if strings.EqualFold(verb, "fail_path") {
-					m.failPath(pp, nil)
-				} else if err := m.reinstatePath(pp); err != nil {
-					return "", err
-				}
-			}
-		}
-		if !found {
+		if len(paths) == 0 {
 			return "", Errorf("%s %s: no path of this multipath is on that device", strings.ToLower(verb), arg)
+		}
+		for _, pp := range paths {
+			if strings.EqualFold(verb, "fail_path") {
+				m.failPath(pp, nil)
+			} else if err := m.reinstatePath(pp); err != nil {
+				return "", err
+			}
 		}
 		return "", nil
 	}
@@ -99,6 +92,39 @@ func (m *multipath) groupArg(verb, arg string) (*priorityGroup, error) {
 		return nil, Errorf("invalid PG number supplied to %s: %q: 1..%d", strings.ToLower(verb), arg, len(m.pgs))
 	}
 	return m.pgs[n-1], nil
+}
+
+// pathsOn returns the paths on the device that arg names (action_dev). arg
+// is first resolved as it is; if that names none of the paths and arg holds
+// a backslash, it is resolved once more as the escaped form that table and
+// status print (EscapeArg), which a caller may pass on without splitting it.
+func (m *multipath) pathsOn(arg string) ([]*pgpath, error) {
+	paths, err := m.pathsMatching(arg)
+	if len(paths) == 0 && strings.Contains(arg, `\`) {
+		if w := SplitArgs(arg); len(w) == 1 && w[0] != arg {
+			if unesc, _ := m.pathsMatching(w[0]); len(unesc) > 0 {
+				return unesc, nil
+			}
+		}
+	}
+	return paths, err
+}
+
+// pathsMatching returns the paths on the device arg resolves to.
+func (m *multipath) pathsMatching(arg string) ([]*pgpath, error) {
+	key, err := resolveMessageDev(arg)
+	if err != nil {
+		return nil, err
+	}
+	var out []*pgpath
+	for _, pg := range m.pgs {
+		for _, pp := range pg.paths {
+			if key.matches(pp.dev) {
+				out = append(out, pp)
+			}
+		}
+	}
+	return out, nil
 }
 
 // devKey identifies the device a message names, resolved by the rules of

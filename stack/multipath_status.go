@@ -42,7 +42,7 @@ func (m *multipath) Status(t StatusType) string {
 	if m.hwName == "" || t == StatusInfo {
 		b.WriteString("0 ")
 	} else {
-		fmt.Fprintf(&b, "1 %s ", m.hwName)
+		fmt.Fprintf(&b, "1 %s ", EscapeArg(m.hwName))
 	}
 	cur, next := m.currentPG.Load(), m.nextPG.Load()
 	pgnum := 0
@@ -72,7 +72,7 @@ func (m *multipath) Status(t StatusType) string {
 				if pp.active {
 					state = "A"
 				}
-				fmt.Fprintf(&b, "%s %s %d ", pp.dev.Name(), state, pp.failCount)
+				fmt.Fprintf(&b, "%s %s %d ", EscapeArg(pp.dev.Name()), state, pp.failCount)
 				b.WriteString(pg.sel.Status(&pp.sp, st))
 			}
 			continue
@@ -82,7 +82,7 @@ func (m *multipath) Status(t StatusType) string {
 		b.WriteString(pg.sel.Status(nil, st))
 		fmt.Fprintf(&b, "%d %d ", len(pg.paths), pg.typ.TableArgs)
 		for _, pp := range pg.paths {
-			b.WriteString(pp.dev.Name())
+			b.WriteString(EscapeArg(pp.dev.Name()))
 			b.WriteByte(' ')
 			b.WriteString(pg.sel.Status(&pp.sp, st))
 		}

@@ -889,6 +889,64 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 	}
 }
 
+// TestMultipathEscapedPaths: table and status print each path escaped
+// (EscapeArg), so a table over files with white space or backslashes in
+// their names loads again, and fail_path / reinstate_path take a path in the
+// form given to the target (unescaped, as the message's word split leaves
+// it) or in the escaped form that table and status print.
+func TestMultipathEscapedPaths(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "x y")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, b := filepath.Join(dir, "a b.img"), filepath.Join(dir, `c\d	e.img`)
+	for _, p := range []string{a, b} {
+		if err := os.WriteFile(p, make([]byte, 1<<20), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := NewRegistry(Linear, Multipath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr := NewManager(context.Background(), reg, nil)
+	defer mgr.RemoveAll()
+	ea, eb := EscapeArg(a), EscapeArg(b)
+	if !strings.Contains(ea, `\ `) || !strings.Contains(eb, `\\`) || !strings.Contains(eb, "\\\t") {
+		t.Fatalf("test paths not escaped: %q %q", ea, eb)
+	}
+	table := "0 2048 multipath 0 1 alua 1 1 round-robin 0 2 1 " + ea + " 1 " + eb + " 1"
+	if _, err := mgr.Create(CreateOptions{Name: "mp", Minor: -1, Table: table}); err != nil {
+		t.Fatal(err)
+	}
+	d := mgr.Lookup("mp")
+	wantTable := "0 2048 multipath 0 0 1 1 round-robin 0 2 1 " + ea + " 1 " + eb + " 1 \n"
+	wantStr(t, "table", d.FormatTable(StatusTable, false), wantTable)
+	wantStr(t, "status", d.FormatTable(StatusInfo, false), "0 2048 multipath 2 1 0 0 1 1 E 0 2 0 "+ea+" A 0 "+eb+" A 0 \n")
+
+	// The printed table loads again, to the same table.
+	if _, err := mgr.Create(CreateOptions{Name: "again", Minor: -1, Table: strings.TrimSuffix(d.FormatTable(StatusTable, false), "\n")}); err != nil {
+		t.Fatalf("printed table does not load: %v", err)
+	}
+	wantStr(t, "table of the printed table", mgr.Lookup("again").FormatTable(StatusTable, false), wantTable)
+
+	send := func(words ...string) {
+		t.Helper()
+		if _, err := mgr.Message(context.Background(), "mp", 0, words); err != nil {
+			t.Errorf("%q: %v", words, err)
+		}
+	}
+	send("fail_path", a)       // as split from "fail_path <ea>"
+	send("reinstate_path", ea) // the printed form
+	send("fail_path", eb)      //
+	send("reinstate_path", b)  //
+	send("fail_path", dir+"/./a b.img")
+	wantStr(t, "status after messages", d.FormatTable(StatusInfo, false), "0 2048 multipath 2 1 0 0 1 1 E 0 2 0 "+ea+" F 2 "+eb+" A 1 \n")
+	if _, err := mgr.Message(context.Background(), "mp", 0, []string{"fail_path", filepath.Join(dir, `a\ c.img`)}); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("a path that is no path's, escaped: %v, want EINVAL", err)
+	}
+}
+
 // FuzzMultipathArgs: any table either builds, prints a table that builds
 // again to the same text, or fails with EINVAL.
 func FuzzMultipathArgs(f *testing.F) {
@@ -901,7 +959,7 @@ func FuzzMultipathArgs(f *testing.F) {
 		"0 3 alua 1 2 1 1 queue-length 0 2 1 8:16 1 8:32 1",
 		"0 0 0 0", "1 foo 0 0 0", "9 0",
 		"+0 0 0 0", "4294967296 0 0 0", "0 0 4294967297 1 round-robin 0 1 0 8:16", "0 0 1 1 round-robin 0 +1 0 8:16",
-		"0 0 1 1 round-robin 0 1 1 8:16 4294967297", "0 2 alua x 0 0",
+		"0 0 1 1 round-robin 0 1 1 8:16 4294967297", "0 2 alua x 0 0", "0 1 a\\ b 0 0", "0 1 a\\\\b 0 0",
 	} {
 		f.Add(s)
 	}
