@@ -201,7 +201,11 @@ type Disk struct {
 	// regions are the dm-stats regions (nil while there are none): the
 	// one load the accounting path pays for dm-stats.
 	regions atomic.Pointer[regionSet]
-	_       [cacheLine]byte
+	// statsLast is the direction of the previous piece counted for
+	// dm-stats (regionSet.last), made by the first region and kept for the
+	// device's life, as the kernel's stats->last; guarded by ctlMu.
+	statsLast *atomic.Uint32
+	_         [cacheLine]byte
 	// stamp (in ticks) is read by every Start and Done but written at most
 	// once per tick; io_ticks is written by the winner of that write.
 	stamp   atomic.Int64

@@ -103,20 +103,20 @@ func TestDMStatsWorkedExample(t *testing.T) {
 	tr.must("@stats_print 1", "0+30 0 0 0 0 0 0 0 0 0 0 0 0 0 0:0:0\n30+30 0 0 0 0 0 0 0 0 0 0 0 0 0 0:0:0\n"+
 		"60+30 0 0 0 0 0 0 0 0 0 0 0 0 0 0:0:0\n90+30 0 0 0 0 0 0 0 0 0 0 0 0 0 0:0:0\n")
 
-	// One 8-sector read at sector 0 taking 2 ms. The spec's example prints
-	// 0 in the merged column; the kernel's code counts this first read as
-	// merged (its sector, 0, equals the false of "a previous bio ended at a
-	// non-zero sector in the same direction"), and so does dmfuse.
+	// One 8-sector read at sector 0 taking 2 ms: not merged. Before the
+	// first piece the kernel's last position is sector ULLONG_MAX, not a
+	// write (dm_stats_init), so "a previous bio ended at a non-zero sector
+	// in the same direction" is true for a read, and merged needs sector 1.
 	pieceIO(c, d, Read, 0, 8, msNs(100), msNs(102))
-	tr.must("@stats_print 0 0 1", "0+512 1 1 8 2 0 0 0 0 0 2 2 2 0\n")
+	tr.must("@stats_print 0 0 1", "0+512 1 0 8 2 0 0 0 0 0 2 2 2 0\n")
 	// Region 1 is precise: 2 ms = 2,000,000 ns, in the last histogram bucket.
-	tr.must("@stats_print 1 0 1", "0+30 1 1 8 2000000 0 0 0 0 0 2000000 2000000 2000000 0 0:0:1\n")
+	tr.must("@stats_print 1 0 1", "0+30 1 0 8 2000000 0 0 0 0 0 2000000 2000000 2000000 0 0:0:1\n")
 
 	// An 8-sector read at sector 508 is counted in areas 0 and 1 with 4
 	// sectors each; the previous read ended at sector 8 (non-zero, same
 	// direction), so "merged" needs sector 1: not merged.
 	pieceIO(c, d, Read, 508, 8, msNs(110), msNs(111))
-	tr.must("@stats_print 0 - 2", "0+512 2 1 12 3 0 0 0 0 0 3 3 3 0\n512+512 1 0 4 1 0 0 0 0 0 1 1 1 0\n")
+	tr.must("@stats_print 0 - 2", "0+512 2 0 12 3 0 0 0 0 0 3 3 3 0\n512+512 1 0 4 1 0 0 0 0 0 1 1 1 0\n")
 	tr.fails("@stats_create 10+0 1", syscall.EINVAL)
 	tr.fails("@stats_create - 0", syscall.EINVAL)
 	tr.fails("@stats_delete 7", syscall.ENOENT)
@@ -124,6 +124,77 @@ func TestDMStatsWorkedExample(t *testing.T) {
 	tr.must("@stats_create - 1", "0")
 	tr.must("@stats_list", "0: 0+2048 1 - -\n1: 0+100 30 myprog myaux precise_timestamps histogram:1000,2000\n")
 	golden(t, "dmstats/worked.golden", []byte(tr.b.String()))
+}
+
+// TestDMStatsMergeStart checks the merged columns from a device's first
+// piece on. dm_stats_init starts the kernel's last position at sector
+// ULLONG_MAX with direction UINT_MAX: non-zero, and not a write, as after a
+// read. With the kernel's test
+//
+//	bi_sector == (last_sector && (rw == WRITE) == (last_rw == WRITE))
+//
+// a first read is merged at sector 1 and a first write at sector 0. The last
+// position belongs to the device: deleting every region does not reset it.
+func TestDMStatsMergeStart(t *testing.T) {
+	type piece struct {
+		op     Op
+		sector uint64
+	}
+	merges := func(d *Disk) (r, w string) {
+		out, err := d.StatsPrint(0, 0, 1, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(out)
+		return f[2], f[6]
+	}
+	for _, c := range []struct {
+		name   string
+		pieces []piece
+		r, w   string // read and write merges
+	}{
+		{"read at 1", []piece{{Read, 1}}, "1", "0"},
+		{"read at 0", []piece{{Read, 0}}, "0", "0"},
+		{"write at 0", []piece{{Write, 0}}, "0", "1"},
+		{"write at 1", []piece{{Write, 1}}, "0", "0"},
+		{"read at 1 twice", []piece{{Read, 1}, {Read, 1}}, "2", "0"},
+		{"write at 5 then read at 0", []piece{{Write, 5}, {Read, 0}}, "1", "0"},
+		{"discard at 0", []piece{{Discard, 0}}, "0", "1"},
+	} {
+		c0, d := newFake()
+		if _, err := d.StatsCreate(RegionSpec{Len: 2048, Step: 2048, ProgramID: "-", Aux: "-"}); err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range c.pieces {
+			pieceIO(c0, d, p.op, p.sector, 8, msNs(int64(10*i+10)), msNs(int64(10*i+11)))
+		}
+		if r, w := merges(d); r != c.r || w != c.w {
+			t.Errorf("%s: merged reads %s, writes %s; want %s, %s", c.name, r, w, c.r, c.w)
+		}
+		d.StatsDeleteAll()
+	}
+
+	// A write, then every region deleted and one created: the device still
+	// remembers the write, so a write at sector 1 is merged.
+	c0, d := newFake()
+	spec := RegionSpec{Len: 2048, Step: 2048, ProgramID: "-", Aux: "-"}
+	if _, err := d.StatsCreate(spec); err != nil {
+		t.Fatal(err)
+	}
+	pieceIO(c0, d, Write, 100, 8, msNs(10), msNs(11))
+	if err := d.StatsDelete(0); err != nil {
+		t.Fatal(err)
+	}
+	// Pieces while no region exists do not move the last position (the
+	// kernel accounts nothing for dm-stats then).
+	pieceIO(c0, d, Read, 100, 8, msNs(20), msNs(21))
+	if _, err := d.StatsCreate(spec); err != nil {
+		t.Fatal(err)
+	}
+	pieceIO(c0, d, Write, 1, 8, msNs(30), msNs(31))
+	if r, w := merges(d); r != "0" || w != "1" {
+		t.Errorf("after delete and create: merged reads %s, writes %s; want 0, 1", r, w)
+	}
 }
 
 // TestDMStatsRounding checks io_ticks, time_in_queue, the read and write
@@ -147,7 +218,7 @@ func TestDMStatsRounding(t *testing.T) {
 	c.setMs(120)
 	d.DoneAt(Write, 8, msNs(105), w1)
 	// 107..110: 2 in flight (3, tiq 6, r 3, w 3); 110..120: write only.
-	tr.must("@stats_print 0 0 1", "0+1024 1 1 8 10 1 0 8 15 0 20 25 10 15\n")
+	tr.must("@stats_print 0 0 1", "0+1024 1 0 8 10 1 0 8 15 0 20 25 10 15\n")
 	// A clear keeps nothing but in-flight; a print_clear prints then clears.
 	c.setMs(130)
 	r2 := d.StartAt(Read, msNs(130), 1024*512, 512)
