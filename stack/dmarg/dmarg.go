@@ -169,27 +169,18 @@ func (sc *Scanner) Int32() (int32, bool) {
 }
 
 // Uint32 is sscanf(s, "%u%c", &v, &dummy) == 1. On failure it returns 0.
-func Uint32(s string) (uint32, bool) {
-	sc := NewScanner(s)
-	if v, ok := sc.Uint32(); ok && sc.Done() {
-		return v, true
-	}
-	return 0, false
-}
+func Uint32(s string) (uint32, bool) { return whole(s, (*Scanner).Uint32) }
 
 // Uint64 is sscanf(s, "%llu%c", &v, &dummy) == 1 (and "%lu%c").
-func Uint64(s string) (uint64, bool) {
-	sc := NewScanner(s)
-	if v, ok := sc.Uint64(); ok && sc.Done() {
-		return v, true
-	}
-	return 0, false
-}
+func Uint64(s string) (uint64, bool) { return whole(s, (*Scanner).Uint64) }
 
 // Int32 is sscanf(s, "%d%c", &v, &dummy) == 1.
-func Int32(s string) (int32, bool) {
+func Int32(s string) (int32, bool) { return whole(s, (*Scanner).Int32) }
+
+// whole is one conversion that must use up s: what "%c" after it checks.
+func whole[T uint32 | uint64 | int32](s string, conv func(*Scanner) (T, bool)) (T, bool) {
 	sc := NewScanner(s)
-	if v, ok := sc.Int32(); ok && sc.Done() {
+	if v, ok := conv(&sc); ok && sc.Done() {
 		return v, true
 	}
 	return 0, false
