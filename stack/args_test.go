@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/selectors"
 )
 
 // TestArgsNumberRules checks the argument readers against the kernel's rules:
@@ -77,7 +79,7 @@ func TestTargetNumberRules(t *testing.T) {
 	dev := NewMemDevice("8:16", 8192*SectorSize)
 	dev2 := NewMemDevice("8:32", 8192*SectorSize)
 	ctor := func(length int64) *Ctor {
-		return &Ctor{Len: length, Clock: &testFaultClock{}, Context: context.Background(),
+		return &Ctor{Len: length, Clock: &selectors.ManualClock{}, Context: context.Background(),
 			Open: func(arg string) (BlockDevice, error) {
 				for _, d := range []*MemDevice{dev, dev2} {
 					if d.Name() == arg {
@@ -148,7 +150,7 @@ func TestTargetNumberRules(t *testing.T) {
 // numbers with sscanf "%u%c".
 func TestMessageNumberRules(t *testing.T) {
 	dev := NewMemDevice("8:16", 8192*SectorSize)
-	c := &Ctor{Len: 2048, Clock: &testFaultClock{}, Context: context.Background(),
+	c := &Ctor{Len: 2048, Clock: &selectors.ManualClock{}, Context: context.Background(),
 		Open: func(string) (BlockDevice, error) { return dev, nil }}
 	tg, err := Dust.New(c, SplitArgs("8:16 0 512"))
 	if err != nil {
