@@ -357,8 +357,9 @@ func (m *Manager) Devices() []*Device {
 	return out
 }
 
-// noSuchDevice is the error of a command naming a device that does not exist.
-func noSuchDevice(name string) error {
+// NoSuchDevice is the error of a command naming a device that does not
+// exist: "NAME: no such device" (ENXIO).
+func NoSuchDevice(name string) error {
 	return &DeviceError{Name: name, Err: &ArgError{Reason: "no such device", Errno: syscall.ENXIO}}
 }
 
@@ -367,13 +368,13 @@ func noSuchDevice(name string) error {
 func (m *Manager) acquire(name string) (*Device, error) {
 	d := m.Lookup(name)
 	if d == nil {
-		return nil, noSuchDevice(name)
+		return nil, NoSuchDevice(name)
 	}
 	d.ctl.Lock()
 	if d.isRemoved() || d.Name() != name {
 		// Removed or renamed while we waited for the lock.
 		d.ctl.Unlock()
-		return nil, noSuchDevice(name)
+		return nil, NoSuchDevice(name)
 	}
 	return d, nil
 }
@@ -579,7 +580,7 @@ func (m *Manager) SetUUID(name, uuid string) error {
 func (m *Manager) Message(ctx context.Context, name string, sector uint64, args []string) (string, error) {
 	d := m.Lookup(name)
 	if d == nil {
-		return "", noSuchDevice(name)
+		return "", NoSuchDevice(name)
 	}
 	fail := func(err error) (string, error) { return "", &DeviceError{Name: name, Err: err} }
 	if len(args) == 0 {

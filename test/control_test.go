@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/control"
 
 	"github.com/dmfuse/dmfuse/test/golden"
 )
@@ -63,12 +63,12 @@ func (d *daemon) must(args ...string) string {
 
 // call sends one request straight to the daemon's socket (faster than the
 // client binary, for loops).
-func (d *daemon) call(req *stack.Request) error {
-	path, err := stack.DefaultControlPath(d.mnt)
+func (d *daemon) call(req *control.Request) error {
+	path, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		return err
 	}
-	resp, err := stack.CallControl(path, req)
+	resp, err := control.Call(path, req)
 	if err != nil {
 		return err
 	}
@@ -222,7 +222,7 @@ func TestControlVerbs(t *testing.T) {
 	d.must("remove", "--force", "rel")
 
 	// Global flags before and after the verb, and --control.
-	sock, err := stack.DefaultControlPath(d.mnt)
+	sock, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,11 +259,11 @@ func quoteArgs(args []string) []string {
 func TestControlSocketFile(t *testing.T) {
 	dir := t.TempDir()
 	d := startDaemon(t, dir, "z,,,rw,0 8 zero\n")
-	sock, err := stack.DefaultControlPath(d.mnt)
+	sock, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "/run/dmfuse/" + stack.EscapePath(d.mnt) + ".sock"; sock != want {
+	if want := "/run/dmfuse/" + control.EscapePath(d.mnt) + ".sock"; sock != want {
 		t.Errorf("socket %s, want %s", sock, want)
 	}
 	for p, mode := range map[string]os.FileMode{filepath.Dir(sock): os.ModeDir | 0o700, sock: os.ModeSocket | 0o600} {
@@ -446,10 +446,10 @@ func TestReloadUnderLoad(t *testing.T) {
 	v.start()
 	for i := 0; i < 100; i++ {
 		v.waitProgress(t, int64(i))
-		if err := d.call(&stack.Request{Op: stack.OpLoad, Name: "v", Table: tables[(i+1)%2], Dir: dir}); err != nil {
+		if err := d.call(&control.Request{Op: control.OpLoad, Name: "v", Table: tables[(i+1)%2], Dir: dir}); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.call(&stack.Request{Op: stack.OpResume, Name: "v"}); err != nil {
+		if err := d.call(&control.Request{Op: control.OpResume, Name: "v"}); err != nil {
 			t.Fatal(err)
 		}
 	}

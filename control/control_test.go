@@ -1,4 +1,4 @@
-package stack
+package control
 
 import (
 	"bufio"
@@ -13,30 +13,32 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // ctlEnv is a manager with a control server over two backing files.
 type ctlEnv struct {
 	t   *testing.T
 	dir string
-	mgr *Manager
-	srv *ControlServer
+	mgr *stack.Manager
+	srv *Server
 }
 
 func newCtlEnv(t *testing.T) *ctlEnv {
 	t.Helper()
 	dir := t.TempDir()
 	for _, n := range []string{"a.img", "b.img"} {
-		if err := os.WriteFile(filepath.Join(dir, n), make([]byte, 4096*SectorSize), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, n), make([]byte, 4096*stack.SectorSize), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	reg, err := NewRegistry(Linear, Striped, Zero, Error, Dust)
+	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error, stack.Dust)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(context.Background(), reg, nil)
-	e := &ctlEnv{t: t, dir: dir, mgr: m, srv: NewControlServer(m)}
+	m := stack.NewManager(context.Background(), reg, nil)
+	e := &ctlEnv{t: t, dir: dir, mgr: m, srv: NewServer(context.Background(), m)}
 	t.Cleanup(func() { e.srv.Close(); m.RemoveAll() })
 	return e
 }
@@ -94,12 +96,12 @@ func TestControlLifecycle(t *testing.T) {
 	e.ok(Request{Op: OpResume, Name: "d1"})
 	has(info("d1"), "Tables present:    LIVE\n")
 	d := e.mgr.Lookup("d1")
-	if d.Size() != 2048*SectorSize {
+	if d.Size() != 2048*stack.SectorSize {
 		t.Errorf("size %d", d.Size())
 	}
 	e.ok(Request{Op: OpLoad, Name: "d1", Table: "0 4096 zero"})
 	has(info("d1"), "Tables present:    LIVE & INACTIVE\n")
-	if d.Size() != 2048*SectorSize {
+	if d.Size() != 2048*stack.SectorSize {
 		t.Errorf("load changed the live size to %d", d.Size())
 	}
 	e.ok(Request{Op: OpClear, Name: "d1"})
@@ -126,10 +128,10 @@ func TestControlLifecycle(t *testing.T) {
 
 	// A reload that changes the size tells the fs layer.
 	var changed []string
-	e.mgr.OnChange = func(d *Device) { changed = append(changed, d.Name()) }
+	e.mgr.OnChange = func(d *stack.Device) { changed = append(changed, d.Name()) }
 	e.ok(Request{Op: OpLoad, Name: "d1", Table: "0 4096 zero"})
 	e.ok(Request{Op: OpResume, Name: "d1"})
-	if d.Size() != 4096*SectorSize || len(changed) != 1 {
+	if d.Size() != 4096*stack.SectorSize || len(changed) != 1 {
 		t.Errorf("after reload: size %d, fs told %v", d.Size(), changed)
 	}
 	if d.EventNr() != 0 {
@@ -144,7 +146,7 @@ func TestControlLifecycle(t *testing.T) {
 	e.ok(Request{Op: OpRename, Name: "e1", UUID: "u-1"})
 	has(info("e1"), "UUID: u-1\n", "Event number:      2\n")
 	var removed []string
-	e.mgr.OnRemove = func(d *Device) { removed = append(removed, d.Name()) }
+	e.mgr.OnRemove = func(d *stack.Device) { removed = append(removed, d.Name()) }
 	e.ok(Request{Op: OpRemove, Name: "e1"})
 	if !reflect.DeepEqual(removed, []string{"e1"}) || d.EventNr() != 3 {
 		t.Errorf("remove: fs told %v, event %d", removed, d.EventNr())
@@ -180,7 +182,7 @@ func TestControlMessages(t *testing.T) {
 		t.Errorf("blank message: %+v", r)
 	}
 	var got []string
-	e.mgr.CoreMessage = func(d *Device, args []string) (string, error) {
+	e.mgr.CoreMessage = func(d *stack.Device, args []string) (string, error) {
 		got = append([]string{d.Name()}, args...)
 		return "0", nil
 	}
@@ -373,7 +375,7 @@ func TestEscapePath(t *testing.T) {
 			t.Errorf("EscapePath(%q) = %q, want %q", in, got, want)
 		}
 	}
-	p, err := DefaultControlPath("/" + strings.Repeat("x", 200))
+	p, err := DefaultPath("/" + strings.Repeat("x", 200))
 	if err != nil || len(p) > maxSocketPath || !strings.HasPrefix(filepath.Base(p), "h-") {
 		t.Errorf("long mount point: %q, %v", p, err)
 	}
@@ -385,7 +387,7 @@ func TestControlSocket(t *testing.T) {
 	e := newCtlEnv(t)
 	dir := filepath.Join(t.TempDir(), "run")
 	path := filepath.Join(dir, "ctl.sock")
-	ln, err := ListenControl(path, true)
+	ln, err := Listen(path, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +398,7 @@ func TestControlSocket(t *testing.T) {
 			t.Errorf("%s: mode %v (%v), want %v", p, st.Mode(), err, mode)
 		}
 	}
-	if _, err := ListenControl(path, true); err == nil || !strings.Contains(err.Error(), "in use by a running dmfuse daemon") {
+	if _, err := Listen(path, true); err == nil || !strings.Contains(err.Error(), "in use by a running dmfuse daemon") {
 		t.Errorf("second listener on a live socket: %v", err)
 	}
 	raw := func(data string, closeWrite bool) string {
@@ -434,7 +436,7 @@ func TestControlSocket(t *testing.T) {
 	if got := raw(big, true); !strings.Contains(got, "request larger than") {
 		t.Errorf("oversized request: %q", got)
 	}
-	resp, err := CallControl(path, &Request{Op: OpList})
+	resp, err := Call(path, &Request{Op: OpList})
 	if err != nil || resp.Output != "No devices found\n" {
 		t.Errorf("after bad requests: %+v, %v", resp, err)
 	}
@@ -447,7 +449,7 @@ func TestControlSocket(t *testing.T) {
 	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left after close: %v", err)
 	}
-	if _, err := CallControl(path, &Request{Op: OpList}); err == nil || !strings.Contains(err.Error(), "no dmfuse daemon answers there") {
+	if _, err := Call(path, &Request{Op: OpList}); err == nil || !strings.Contains(err.Error(), "no dmfuse daemon answers there") {
 		t.Errorf("call without a daemon: %v", err)
 	}
 
@@ -458,7 +460,7 @@ func TestControlSocket(t *testing.T) {
 	}
 	stale.SetUnlinkOnClose(false)
 	stale.Close()
-	ln, err = ListenControl(path, true)
+	ln, err = Listen(path, true)
 	if err != nil {
 		t.Fatalf("stale socket: %v", err)
 	}
@@ -466,46 +468,7 @@ func TestControlSocket(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ListenControl(path, true); err == nil || !strings.Contains(err.Error(), "exists and is not a socket") {
+	if _, err := Listen(path, true); err == nil || !strings.Contains(err.Error(), "exists and is not a socket") {
 		t.Errorf("regular file in the socket's place: %v", err)
 	}
-}
-
-func FuzzDecodeRequest(f *testing.F) {
-	for _, s := range []string{
-		`{"op":"ls"}`,
-		`{"op":"create","name":"d","table":"0 8 zero","dir":"/tmp"}` + "\n",
-		`{"op":"create","name":"d","notable":true,"uuid":"u","readonly":true}`,
-		`{"op":"message","name":"d","sector":18446744073709551615,"args":["a","b"]}`,
-		`{"op":"rename","name":"d","new_name":"e"}`,
-		`{"op":"table","inactive":true}`,
-		`{"op":"suspend","name":"d","noflush":true,"force":true}`,
-		`{"op":"load","name":"d","table":"\u0000"}`,
-		`{"op":1}`, `[]`, `null`, ``, "\n\n", `{"op":"ls"}{}`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		req, err := DecodeRequest(data)
-		if err != nil {
-			if req != nil {
-				t.Fatal("request and error")
-			}
-			return
-		}
-		if err := req.Validate(); err != nil {
-			t.Fatalf("decoded request does not validate: %v", err)
-		}
-		b, err := req.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		again, err := DecodeRequest(b)
-		if err != nil {
-			t.Fatalf("re-encoded request %q: %v", b, err)
-		}
-		if !reflect.DeepEqual(req, again) {
-			t.Fatalf("round trip changed %+v to %+v", req, again)
-		}
-	})
 }

@@ -1,4 +1,4 @@
-package stack
+package control
 
 import (
 	"bufio"
@@ -10,21 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"unicode/utf8"
-)
 
-// The control protocol
-//
-// A client connects to the daemon's control socket (a Unix stream socket),
-// writes one request, a JSON object (Request) on a single line ended by '\n',
-// and reads one response, a JSON object (Response) on a single line ended by
-// '\n'; then the daemon closes the connection. A request is at most
-// MaxRequestSize bytes including the newline. A request that is not complete
-// when the client closes its end or goes quiet for RequestTimeout (no final
-// newline) is dropped without effect; a request that is malformed, too large
-// or invalid gets an error response and changes nothing. Once a complete
-// request has been read, it runs to its end even if the client goes away.
-// Requests are checked completely (operation, fields allowed for it, names,
-// UTF-8) before anything changes.
+	"github.com/dmfuse/dmfuse/stack"
+)
 
 // MaxRequestSize is the largest request the daemon reads, newline included.
 const MaxRequestSize = 16 << 20
@@ -46,7 +34,7 @@ const (
 	OpTargets = "targets"
 )
 
-// Request is one control command.
+// Request is one control command, as the client sends it.
 type Request struct {
 	// Op is the command: create, load, clear, suspend, resume, remove,
 	// rename, message, table, status, info, ls or targets.
@@ -188,7 +176,7 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("%s: no device name", r.Op)
 	}
 	if r.Name != "" {
-		if err := ValidName(r.Name); err != nil {
+		if err := stack.ValidName(r.Name); err != nil {
 			return err
 		}
 	}
@@ -220,7 +208,7 @@ func (r *Request) Validate() error {
 		case r.NewName != "" && r.UUID != "":
 			return fmt.Errorf("%s: rename takes a new name or a uuid, not both", r.Name)
 		case r.NewName != "":
-			if err := ValidName(r.NewName); err != nil {
+			if err := stack.ValidName(r.NewName); err != nil {
 				return fmt.Errorf("%s: %v", r.Name, err)
 			}
 		case len(r.UUID) > 128:
