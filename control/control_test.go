@@ -214,6 +214,7 @@ func TestControlBadInputChangesNothing(t *testing.T) {
 		{Request{Op: OpCreate, Name: "x", Table: "0 8 linear nt 0"}, "x: line 1: linear: Device lookup failed: nt has no live table", "EINVAL"},
 		{Request{Op: OpCreate, Name: "x"}, "x: no table given (use --notable for a device without one)", "EINVAL"},
 		{Request{Op: OpCreate, Name: "x", NoTable: true, Table: "0 8 zero"}, "x: --notable and a table exclude each other", "EINVAL"},
+		{Request{Op: OpCreate, Name: "x", NoTable: true, UUID: strings.Repeat("u", 129)}, "x: uuid longer than 128 bytes", "EINVAL"},
 		{Request{Op: OpLoad, Name: "nope", Table: "0 8 zero"}, "nope: no such device", "ENXIO"},
 		{Request{Op: OpLoad, Name: "top", Table: "0 8 linear ./a.img"}, "top: line 1: linear: Invalid argument count", "EINVAL"},
 		{Request{Op: OpLoad, Name: "base", Table: "0 8 linear top 0"}, "base: line 1: linear: top already stacks on base: a loop", "EINVAL"},
@@ -229,7 +230,10 @@ func TestControlBadInputChangesNothing(t *testing.T) {
 		{Request{Op: OpRename, Name: "base", UUID: "other"}, "base: uuid already set to u-base; it cannot be changed", "EINVAL"},
 		{Request{Op: OpRename, Name: "top", UUID: "u-base"}, "top: uuid u-base already in use", "EBUSY"},
 		{Request{Op: OpRename, Name: "top"}, "top: rename needs a new name or a uuid", "EINVAL"},
+		{Request{Op: OpRename, Name: "top", NewName: "x", UUID: "u"}, "top: rename takes a new name or a uuid, not both", "EINVAL"},
+		{Request{Op: OpRename, Name: "top", UUID: strings.Repeat("u", 129)}, "top: uuid longer than 128 bytes", "EINVAL"},
 		{Request{Op: OpMessage, Name: "top"}, "top: Empty message received", "EINVAL"},
+		{Request{Op: OpMessage, Name: "nope"}, "nope: no such device", "ENXIO"},
 		{Request{Op: OpMessage, Name: "nt", Args: []string{"x"}}, "nt: device has no live table", "ENXIO"},
 		{Request{Op: OpMessage, Name: "top", Sector: 1 << 63, Args: []string{"x"}}, "top: Target message sector outside device", "EINVAL"},
 		{Request{Op: OpTable, Name: "nope"}, "nope: no such device", "ENXIO"},
@@ -422,6 +426,8 @@ func TestControlSocket(t *testing.T) {
 		`{"op":"ls","bogus":1}` + "\n":   `{"error":"malformed request: json: unknown field \"bogus\"","errno":"EINVAL"}` + "\n",
 		`{"op":"ls"} {"op":"ls"}` + "\n": `{"error":"malformed request: data after the JSON object","errno":"EINVAL"}` + "\n",
 		`{"op":"ls"}` + "\n":             `{"output":"No devices found\n"}` + "\n",
+		// Well formed but not valid: the server validates what it reads.
+		`{"op":"resume"}` + "\n": `{"error":"resume: no device name","errno":"EINVAL"}` + "\n",
 	} {
 		if got := raw(data, false); got != want {
 			t.Errorf("%q: answer %q, want %q", data, got, want)
@@ -451,6 +457,12 @@ func TestControlSocket(t *testing.T) {
 	}
 	if _, err := Call(path, &Request{Op: OpList}); err == nil || !strings.Contains(err.Error(), "no dmfuse daemon answers there") {
 		t.Errorf("call without a daemon: %v", err)
+	}
+	// The client validates before it connects: an invalid request is refused
+	// even with no daemon there.
+	if resp, err := Call(path, &Request{Op: OpRename, Name: "a", NewName: "b c"}); resp != nil || err == nil ||
+		err.Error() != `a: device name "b c": must not contain '/', whitespace, ',', ';' or ':'` {
+		t.Errorf("invalid request without a daemon: %+v, %v", resp, err)
 	}
 
 	// A socket file left by a daemon that died is replaced.

@@ -13,8 +13,17 @@
 // newline) is dropped without effect; a request that is malformed, too large
 // or invalid gets an error response and changes nothing. Once a complete
 // request has been read, it runs to its end even if the client goes away.
-// Requests are checked completely (operation, fields allowed for it, names,
-// UTF-8) before anything changes.
+//
+// # Validation
+//
+// Request.Validate is the one check of a request's form: a known operation,
+// only the fields that operation takes and those it needs, valid device
+// names and uuids, UTF-8 text, an absolute working directory. The client
+// (Call) runs it before it sends a request and the server (Server.Handle)
+// before it runs one, so a request is checked completely before anything
+// changes. What depends on the devices (a device exists, a name or uuid is
+// free, a table builds, a message has words and its target takes it) is the
+// stack.Manager's to check.
 //
 // # Access
 //

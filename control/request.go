@@ -83,7 +83,7 @@ type Response struct {
 var ErrIncompleteRequest = errors.New("incomplete request")
 
 // ReadRequest reads one newline-terminated request of at most
-// MaxRequestSize bytes from r and decodes and validates it.
+// MaxRequestSize bytes from r and decodes it (DecodeRequest).
 func ReadRequest(r io.Reader) (*Request, error) {
 	br := bufio.NewReaderSize(io.LimitReader(r, MaxRequestSize), 64<<10)
 	var line []byte
@@ -107,8 +107,9 @@ func ReadRequest(r io.Reader) (*Request, error) {
 	return DecodeRequest(line)
 }
 
-// DecodeRequest decodes and validates one request line (with or without its
-// final newline).
+// DecodeRequest decodes one request line (with or without its final
+// newline): one JSON object of Request's fields and nothing else. It does not
+// judge the request's content; Validate does.
 func DecodeRequest(line []byte) (*Request, error) {
 	if len(line) > MaxRequestSize {
 		return nil, fmt.Errorf("request larger than %d bytes", MaxRequestSize)
@@ -125,9 +126,6 @@ func DecodeRequest(line []byte) (*Request, error) {
 	}
 	if dec.More() {
 		return nil, errors.New("malformed request: data after the JSON object")
-	}
-	if err := req.Validate(); err != nil {
-		return nil, err
 	}
 	return &req, nil
 }
@@ -150,9 +148,14 @@ var opFields = map[string]string{
 	OpTargets: "",
 }
 
-// Validate checks that a request is complete and consistent: a known
-// operation, only the fields that operation takes, valid names and UTF-8
-// text.
+// Validate checks a request's form, everything that can be judged without
+// the devices: a known operation, only the fields that operation takes and
+// those it needs, valid device names and uuids (stack.ValidName,
+// stack.ValidUUID), UTF-8 text and an absolute working directory. It is the
+// one place these are checked: Call runs it before sending a request and
+// Server.Handle before running one. What depends on the devices (a device
+// exists, a name or uuid is free, a table builds, a message has words and
+// its target takes it) is the stack.Manager's to check.
 func (r *Request) Validate() error {
 	spec, ok := opFields[r.Op]
 	if !ok {
@@ -175,6 +178,7 @@ func (r *Request) Validate() error {
 	if strings.Contains(" "+spec+" ", " name ") && r.Name == "" {
 		return fmt.Errorf("%s: no device name", r.Op)
 	}
+	// The name comes first: the errors below start with it.
 	if r.Name != "" {
 		if err := stack.ValidName(r.Name); err != nil {
 			return err
@@ -194,8 +198,8 @@ func (r *Request) Validate() error {
 		if !r.NoTable && strings.TrimSpace(r.Table) == "" {
 			return fmt.Errorf("%s: no table given (use --notable for a device without one)", r.Name)
 		}
-		if len(r.UUID) > 128 {
-			return fmt.Errorf("%s: uuid longer than 128 bytes", r.Name)
+		if err := stack.ValidUUID(r.UUID); err != nil {
+			return fmt.Errorf("%s: %v", r.Name, err)
 		}
 	case OpLoad:
 		if strings.TrimSpace(r.Table) == "" {
@@ -211,12 +215,10 @@ func (r *Request) Validate() error {
 			if err := stack.ValidName(r.NewName); err != nil {
 				return fmt.Errorf("%s: %v", r.Name, err)
 			}
-		case len(r.UUID) > 128:
-			return fmt.Errorf("%s: uuid longer than 128 bytes", r.Name)
-		}
-	case OpMessage:
-		if len(r.Args) == 0 {
-			return fmt.Errorf("%s: Empty message received", r.Name)
+		default:
+			if err := stack.ValidUUID(r.UUID); err != nil {
+				return fmt.Errorf("%s: %v", r.Name, err)
+			}
 		}
 	}
 	if r.Dir != "" && !filepath.IsAbs(r.Dir) {

@@ -230,9 +230,14 @@ func writeResponse(c net.Conn, r *Response) {
 	c.Write(append(b, '\n'))
 }
 
-// Handle runs one validated request and returns its response.
+// Handle validates one request (Request.Validate), runs it and returns its
+// response; a request that is not valid gets an EINVAL response and changes
+// nothing.
 func (s *Server) Handle(ctx context.Context, r *Request) *Response {
-	out, err := s.handle(ctx, r)
+	if err := r.Validate(); err != nil {
+		return &Response{Error: err.Error(), Errno: "EINVAL"}
+	}
+	out, err := s.run(ctx, r)
 	if err != nil {
 		return &Response{Output: out, Error: err.Error(), Errno: errnoName(err)}
 	}
@@ -251,11 +256,10 @@ func errnoName(err error) string {
 	return "EINVAL"
 }
 
-func (s *Server) handle(ctx context.Context, r *Request) (string, error) {
+// run carries out a valid request on the manager's devices and returns what
+// it prints.
+func (s *Server) run(ctx context.Context, r *Request) (string, error) {
 	m := s.mgr
-	if err := r.Validate(); err != nil {
-		return "", err
-	}
 	switch r.Op {
 	case OpCreate:
 		_, err := m.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: -1, ReadOnly: r.ReadOnly,
@@ -305,7 +309,8 @@ func (s *Server) handle(ctx context.Context, r *Request) (string, error) {
 		}
 		return b.String(), nil
 	}
-	return "", fmt.Errorf("unknown operation %q", r.Op)
+	// Validate admits only the operations above.
+	return "", fmt.Errorf("operation %q has no handler", r.Op)
 }
 
 // each formats one device (name given) or every device with "NAME: "

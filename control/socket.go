@@ -121,13 +121,16 @@ func Listen(path string, strictDir bool) (*net.UnixListener, error) {
 // daemon refused for the moment (too many connections or requests).
 const refusalRetry = 10 * time.Second
 
-// Call sends one request to the daemon listening on the socket at
-// path and returns its response. A failed command is a response with Error
-// set, not an error; err reports only failures to talk to the daemon. A
-// connection the daemon refuses with EAGAIN before reading the request (its
-// connection or rate bounds), or whose listen queue is full, is tried again
-// for up to 10 s.
+// Call validates a request (Request.Validate), sends it to the daemon
+// listening on the socket at path and returns its response. A failed command
+// is a response with Error set, not an error; err reports an invalid request,
+// which is not sent, and failures to talk to the daemon. A connection the
+// daemon refuses with EAGAIN before reading the request (its connection or
+// rate bounds), or whose listen queue is full, is tried again for up to 10 s.
 func Call(path string, req *Request) (*Response, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
 	b, err := req.Encode()
 	if err != nil {
 		return nil, err

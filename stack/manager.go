@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -77,7 +78,10 @@ func NewManager(ctx context.Context, reg *Registry, clock Clock) *Manager {
 // Registry returns the manager's target types.
 func (m *Manager) Registry() *Registry { return m.reg }
 
-// ValidName checks a device name against interface.md §2.
+// ValidName checks that name can name a device: 1 to 127 bytes, none of the
+// names the mount uses itself (stats, diskstats, ., ..), and no '/',
+// whitespace, ',', ';' or ':'. The Manager takes names as given: control
+// requests and config files are checked where they are read.
 func ValidName(name string) error {
 	switch {
 	case name == "":
@@ -92,8 +96,19 @@ func ValidName(name string) error {
 	return nil
 }
 
+// ValidUUID checks that uuid can be a device's uuid: at most 128 bytes, as
+// dm's DM_UUID_LEN leaves room for; "" means none. Like names, uuids are
+// checked where requests and config files are read.
+func ValidUUID(uuid string) error {
+	if len(uuid) > 128 {
+		return errors.New("uuid longer than 128 bytes")
+	}
+	return nil
+}
+
 // CreateOptions describes a device to create.
 type CreateOptions struct {
+	// Name and UUID must pass ValidName and ValidUUID.
 	Name, UUID string
 	// Minor is the minor to use; negative picks the lowest free one.
 	Minor    int
@@ -108,12 +123,6 @@ type CreateOptions struct {
 // Create makes a device and, unless NoTable, loads and resumes its table. It
 // is all-or-nothing: on any failure nothing is left behind.
 func (m *Manager) Create(o CreateOptions) (*Device, error) {
-	if err := ValidName(o.Name); err != nil {
-		return nil, &DeviceError{Name: o.Name, Err: &ArgError{Reason: err.Error()}}
-	}
-	if len(o.UUID) > 128 {
-		return nil, &DeviceError{Name: o.Name, Err: &ArgError{Reason: "uuid longer than 128 bytes"}}
-	}
 	var lines []Line
 	if !o.NoTable {
 		var err error
@@ -512,12 +521,10 @@ func (m *Manager) remove(name string, force bool) error {
 	return nil
 }
 
-// Rename gives the device called name the name newName (EBUSY if a device of
-// that name exists). The device's event counter goes up.
+// Rename gives the device called name the name newName, which must pass
+// ValidName (EBUSY if a device of that name exists). The device's event
+// counter goes up.
 func (m *Manager) Rename(name, newName string) error {
-	if err := ValidName(newName); err != nil {
-		return &DeviceError{Name: name, Err: &ArgError{Reason: err.Error()}}
-	}
 	d, err := m.acquire(name)
 	if err != nil {
 		return err
@@ -542,16 +549,11 @@ func (m *Manager) Rename(name, newName string) error {
 	return nil
 }
 
-// SetUUID sets the uuid of the device called name. As in dm, a uuid can be
-// set only if none was set before (EINVAL), and must be unique (EBUSY). The
-// device's event counter goes up.
+// SetUUID sets the uuid of the device called name to uuid, which must be
+// non-empty and pass ValidUUID. As in dm, a uuid can be set only if none was
+// set before (EINVAL), and must be unique (EBUSY). The device's event
+// counter goes up.
 func (m *Manager) SetUUID(name, uuid string) error {
-	switch {
-	case uuid == "":
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "empty uuid"}}
-	case len(uuid) > 128:
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "uuid longer than 128 bytes"}}
-	}
 	d, err := m.acquire(name)
 	if err != nil {
 		return err

@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 
 	"github.com/dmfuse/dmfuse/control"
 )
@@ -26,14 +25,12 @@ func (g *Globals) controlPath() (string, error) {
 	return control.DefaultPath(g.Mount)
 }
 
-// call sends req and prints its output; a failed command is returned as an
-// error carrying the daemon's one-line reason.
+// call sends req and prints its output; an invalid request (control.Call
+// checks it) or a failed command is returned as an error carrying the
+// one-line reason.
 func (g *Globals) call(req *control.Request) error {
 	path, err := g.controlPath()
 	if err != nil {
-		return err
-	}
-	if err := req.Validate(); err != nil {
 		return err
 	}
 	resp, err := control.Call(path, req)
@@ -90,13 +87,11 @@ type CreateCmd struct {
 }
 
 // Run creates the device and, unless --notable, loads and resumes its table;
-// on any failure nothing is left.
+// on any failure nothing is left. With --notable, stdin is not read; a table
+// given besides is sent too, for the request's validation to refuse.
 func (c *CreateCmd) Run(g *Globals) error {
 	req := &control.Request{Op: control.OpCreate, Name: c.Name, UUID: c.UUID, ReadOnly: c.ReadOnly, NoTable: c.NoTable}
-	if c.NoTable {
-		if c.Table != nil || c.TableFile != "" {
-			return fmt.Errorf("%s: --notable and a table exclude each other", c.Name)
-		}
+	if c.NoTable && c.Table == nil && c.TableFile == "" {
 		return g.call(req)
 	}
 	text, err := tableText(c.Table, c.TableFile)
@@ -182,9 +177,6 @@ type RenameCmd struct {
 
 // Run renames the device or sets its uuid.
 func (c *RenameCmd) Run(g *Globals) error {
-	if (c.NewName == "") == (c.SetUUID == "") {
-		return fmt.Errorf("%s: give either NEWNAME or --setuuid UUID", c.Name)
-	}
 	return g.call(&control.Request{Op: control.OpRename, Name: c.Name, NewName: c.NewName, UUID: c.SetUUID})
 }
 
@@ -200,9 +192,6 @@ func (c *MessageCmd) Run(g *Globals) error {
 	sector, err := strconv.ParseUint(c.Sector, 10, 64)
 	if err != nil {
 		return fmt.Errorf("%s: invalid sector %q", c.Name, c.Sector)
-	}
-	if strings.TrimSpace(strings.Join(c.Words, " ")) == "" {
-		return fmt.Errorf("%s: Empty message received", c.Name)
 	}
 	return g.call(&control.Request{Op: control.OpMessage, Name: c.Name, Sector: sector, Args: c.Words})
 }
