@@ -576,9 +576,15 @@ func (m *Manager) SetUUID(name, uuid string) error {
 	return nil
 }
 
-// Message sends a message to the device called name (spec §1.4): words
-// starting with `@` go to CoreMessage; others go to the live target covering
-// sector. It returns the target's response.
+// Message sends a message to the device called name, as
+// drivers/md/dm-ioctl.c: target_message does: a message of no words fails
+// ("Empty message received", EINVAL); one whose first word starts with `@`
+// goes to CoreMessage; any other goes to the target of the live table that
+// covers sector, and returns the target's response. A device with no live
+// table (none, or only an inactive one) takes such a message without an
+// error and answers nothing, as dm does when dm_get_live_table finds no
+// table; a suspended device keeps its live table and its targets get the
+// message.
 func (m *Manager) Message(ctx context.Context, name string, sector uint64, args []string) (string, error) {
 	d := m.Lookup(name)
 	if d == nil {
@@ -602,7 +608,6 @@ func (m *Manager) Message(ctx context.Context, name string, sector uint64, args 
 	var err error
 	d.WithTables(func(live, _ *Table) {
 		if live == nil {
-			err = &ArgError{Reason: "device has no live table", Errno: syscall.ENXIO}
 			return
 		}
 		if sector > uint64(live.Sectors()) {

@@ -242,6 +242,27 @@ func TestControlVerbs(t *testing.T) {
 	}
 }
 
+// TestControlMessageWithoutLiveTable sends a message through the client to
+// a device without a live table, then to one with only an inactive table:
+// as with dmsetup over dm's target_message, each exits 0 and prints nothing.
+// Once the table is live, the same message reaches its target.
+func TestControlMessageWithoutLiveTable(t *testing.T) {
+	d := startDaemon(t, t.TempDir(), "z,,,rw,0 8 zero\n")
+	d.must("create", "nt", "--notable")
+	for _, setup := range [][]string{nil, {"load", "nt", "--table", "0 8 zero"}} {
+		if setup != nil {
+			d.must(setup...)
+		}
+		if out, errs, code := d.dmfuse("/", "", "message", "nt", "0", "foo"); out != "" || errs != "" || code != 0 {
+			t.Errorf("message after %q: exit %d, stdout %q, stderr %q; want exit 0 and no output", setup, code, out, errs)
+		}
+	}
+	d.must("resume", "nt")
+	if _, errs, code := d.dmfuse("/", "", "message", "nt", "0", "foo"); code != 1 || errs != "dmfuse: nt: zero: Target type does not support messages\n" {
+		t.Errorf("message to the live table: exit %d, %q", code, errs)
+	}
+}
+
 // quoteArgs quotes arguments with spaces or newlines for the transcript.
 func quoteArgs(args []string) []string {
 	out := make([]string, len(args))
