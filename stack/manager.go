@@ -51,10 +51,9 @@ type Manager struct {
 	byMinor map[uint32]*Device
 	nextIno uint64
 
-	// Hooks the fs layer sets before devices are created: OnAdd after a
-	// device is created, OnRemove after it is removed, OnChange after its
-	// live table or its name changed. They are called with no lock held.
-	OnAdd    func(*Device)
+	// Hooks the fs layer sets before devices are created: OnRemove after a
+	// device is removed, OnChange after its live table or its name changed.
+	// They are called with no lock held.
 	OnRemove func(*Device)
 	OnChange func(*Device)
 
@@ -182,9 +181,6 @@ func (m *Manager) Create(o CreateOptions) (*Device, error) {
 		}
 	}
 	d.ctl.Unlock()
-	if m.OnAdd != nil {
-		m.OnAdd(d)
-	}
 	if !o.NoTable {
 		m.changed(d)
 	}
