@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -84,7 +86,7 @@ func faultAcctStarted(p *piece) bool {
 
 func TestFlakeyTableVectors(t *testing.T) {
 	// Spec §5.1 (flakey, kernel >= 6.16), with the device printed by name.
-	dev := NewMemDevice("8:16", 2048*SectorSize)
+	dev := NewMemDevice("8:16", 4096*SectorSize)
 	tests := []struct{ in, table string }{
 		{"8:16 0 4 2", "8:16 0 4 2 2 error_reads error_writes"},
 		{"8:16 0 4 2 0", "8:16 0 4 2 2 error_reads error_writes"},
@@ -121,8 +123,8 @@ func TestFlakeyTableVectors(t *testing.T) {
 		if got := g.Status(StatusTable); got != tc.table {
 			t.Errorf("flakey %q: table of the table %q, want %q", tc.in, got, tc.table)
 		}
-		if ds := f.Devices(); len(ds) != 1 || ds[0] != BlockDevice(dev) {
-			t.Errorf("flakey %q: Devices() = %v", tc.in, ds)
+		if f.Dev != BlockDevice(dev) {
+			t.Errorf("flakey %q: remaps to %v", tc.in, f.Dev)
 		}
 	}
 }
@@ -257,7 +259,7 @@ func TestFlakeyTimeline(t *testing.T) {
 }
 
 func TestFlakeyUpPassesAtOffset(t *testing.T) {
-	dev := NewMemDevice("8:16", 2048*SectorSize)
+	dev := NewMemDevice("8:16", 4096*SectorSize)
 	faultPattern(dev)
 	f := newTestFlakey(t, &testFaultClock{}, dev, "8:16 8 1 1 1 error_writes")
 	got := make([]byte, 100)
@@ -275,9 +277,6 @@ func TestFlakeyUpPassesAtOffset(t *testing.T) {
 		t.Fatal("write did not map to offset + 8 sectors")
 	}
 	ctx := context.Background()
-	if err := f.WriteZeroes(ctx, 512, 10); err != nil || dev.Bytes()[9*SectorSize] != 0 {
-		t.Fatalf("write zeroes while up: %v", err)
-	}
 	if err := f.Discard(ctx, 1024, 10); err != nil || dev.Bytes()[10*SectorSize] != 0 {
 		t.Fatalf("discard while up: %v", err)
 	}
@@ -300,9 +299,6 @@ func TestFlakeyDropWrites(t *testing.T) {
 	data := bytes.Repeat([]byte{0x55}, 4096)
 	if n, err := f.WriteAt(ctx, data, 0); n != len(data) || err != nil {
 		t.Fatalf("dropped write: %d, %v; want %d, nil", n, err, len(data))
-	}
-	if err := f.WriteZeroes(ctx, 0, 4096); err != nil {
-		t.Fatalf("dropped write zeroes: %v", err)
 	}
 	if err := f.Discard(ctx, 0, 4096); err != nil {
 		t.Fatalf("dropped discard: %v", err)
@@ -335,7 +331,6 @@ func TestFlakeyErrorWrites(t *testing.T) {
 	for name, err := range map[string]error{
 		"flush":   f.Flush(ctx),
 		"discard": f.Discard(ctx, 0, 512),
-		"zeroes":  f.WriteZeroes(ctx, 0, 512),
 	} {
 		if !errors.Is(err, syscall.EIO) {
 			t.Errorf("%s: %v, want EIO", name, err)
@@ -626,4 +621,50 @@ func FuzzFlakeyArgs(f *testing.F) {
 		tg.ReadAt(context.Background(), buf, 100)
 		tg.WriteAt(context.Background(), buf, 100)
 	})
+}
+
+// TestFlakeyRangeCheck: flakey's area on its device is checked like every
+// other target's, with the offset in sectors (drivers/md/dm-table.c:
+// device_area_is_invalid, called through flakey_iterate_devices with
+// fc->start and ti->len). A table mapping past the end is refused.
+func TestFlakeyRangeCheck(t *testing.T) {
+	dev := NewMemDevice("8:16", 16384*SectorSize)
+	for _, tc := range []struct {
+		length     int64
+		in, reason string
+	}{
+		{2048, "8:16 15000 4 2", "8:16 too small for target: start=15000, len=2048, dev_size=16384"},
+		{2048, "8:16 16384 4 2", "8:16 too small for target: start=16384, len=2048, dev_size=16384"},
+		{16385, "8:16 0 4 2", "8:16 too small for target: start=0, len=16385, dev_size=16384"},
+	} {
+		_, err := Flakey.New(newFaultCtor(&testFaultClock{}, tc.length, dev), SplitArgs(tc.in))
+		var ae *ArgError
+		if !errors.As(err, &ae) || ae.Reason != tc.reason || !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("flakey %q (len %d): %v, want EINVAL %q", tc.in, tc.length, err, tc.reason)
+		}
+	}
+	if _, err := Flakey.New(newFaultCtor(&testFaultClock{}, 2048, dev), SplitArgs("8:16 14336 4 2")); err != nil {
+		t.Errorf("flakey ending at the device's last sector: %v", err)
+	}
+}
+
+// TestFlakeyRangeCheckFile: a flakey table past the end of a backing file is
+// refused when it is loaded (drivers/md/dm-table.c: device_area_is_invalid),
+// so that no write can grow the file.
+func TestFlakeyRangeCheckFile(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "f.img")
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg, _ := NewRegistry(Flakey)
+	m := NewManager(context.Background(), reg, nil)
+	defer m.RemoveAll()
+	_, err := m.Create(CreateOptions{Name: "f", Minor: -1, Table: "0 1024 flakey ./f.img 1536 4 2", Dir: dir})
+	if want := "f: line 1: flakey: " + img + " too small for target: start=1536, len=1024, dev_size=2048"; err == nil || err.Error() != want {
+		t.Fatalf("create: %v, want %q", err, want)
+	}
+	if st, err := os.Stat(img); err != nil || st.Size() != 1<<20 {
+		t.Fatalf("backing file: %v, %v", st.Size(), err)
+	}
 }
