@@ -1,6 +1,7 @@
 package stacktest
 
 import (
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,6 +31,9 @@ type ManualClock = selectors.ManualClock
 
 var _ stack.Clock = (*ManualClock)(nil)
 
+// majMin is how the manager tells a MAJOR:MINOR argument.
+var majMin = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
+
 // Opener resolves the device arguments of tables from a map of names to
 // devices, in place of the files and mapped devices a Manager opens: set
 // Manager.Open, BuildOptions.Open or Ctor.Open to its Open method. The map
@@ -47,24 +51,12 @@ func (o Opener) Open(arg string) (stack.BlockDevice, error) {
 		return d, nil
 	}
 	mapped := !strings.Contains(arg, "/")
-	if maj, min, ok := strings.Cut(arg, ":"); ok && isDigits(maj) && isDigits(min) {
-		n, err := strconv.ParseUint(maj, 10, 32)
-		mapped = err == nil && n == stack.Major
+	if mm := majMin.FindStringSubmatch(arg); mm != nil {
+		maj, err := strconv.ParseUint(mm[1], 10, 32)
+		mapped = err == nil && maj == stack.Major
 	}
 	if mapped {
 		return nil, stack.Errorf("Device lookup failed: %s: no such mapped device", arg)
 	}
 	return nil, stack.Errorf("Device lookup failed: %s: %v", arg, syscall.ENOENT)
-}
-
-func isDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
 }
