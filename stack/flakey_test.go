@@ -10,11 +10,11 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/selectors"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -32,13 +32,6 @@ func flakeyRaceBuild() bool {
 	}
 	return false
 }
-
-// testFaultClock is a manual clock for flakey and dust tests.
-type testFaultClock struct{ ns atomic.Int64 }
-
-func (c *testFaultClock) Nanotime() int64         { return c.ns.Load() }
-func (c *testFaultClock) set(d time.Duration)     { c.ns.Store(int64(d)) }
-func (c *testFaultClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // newFaultCtor returns a Ctor for a segment of length sectors whose Open
 // resolves the names of devs.
@@ -76,7 +69,7 @@ func faultPattern(d *MemDevice) {
 
 // faultAcctPiece returns an accounting piece of op, as the table hands targets.
 func faultAcctPiece(op stats.Op) *piece {
-	return newPiece(context.Background(), stats.NewDisk(&testFaultClock{}), op)
+	return newPiece(context.Background(), stats.NewDisk(&selectors.ManualClock{}), op)
 }
 
 // faultAcctStarted reports whether accounting of p has started.
@@ -111,7 +104,7 @@ func TestFlakeyTableVectors(t *testing.T) {
 			"8:16 0 4 2 11 corrupt_bio_byte 3 w 4 0 random_read_corrupt 6 random_write_corrupt 5 random_seed 1"},
 	}
 	for _, tc := range tests {
-		f := newTestFlakey(t, &testFaultClock{}, dev, tc.in)
+		f := newTestFlakey(t, &selectors.ManualClock{}, dev, tc.in)
 		if got := f.Status(StatusTable); got != tc.table {
 			t.Errorf("flakey %q: table %q, want %q", tc.in, got, tc.table)
 		}
@@ -119,7 +112,7 @@ func TestFlakeyTableVectors(t *testing.T) {
 			t.Errorf("flakey %q: status %q, want empty", tc.in, got)
 		}
 		// The table form is accepted back and is a fixed point.
-		g := newTestFlakey(t, &testFaultClock{}, dev, f.Status(StatusTable))
+		g := newTestFlakey(t, &selectors.ManualClock{}, dev, f.Status(StatusTable))
 		if got := g.Status(StatusTable); got != tc.table {
 			t.Errorf("flakey %q: table of the table %q, want %q", tc.in, got, tc.table)
 		}
@@ -181,7 +174,7 @@ func TestFlakeyRejected(t *testing.T) {
 		{"8:99 0 4 2", "Device lookup failed"},
 	}
 	for _, tc := range tests {
-		_, err := Flakey.New(newFaultCtor(&testFaultClock{}, 2048, dev), SplitArgs(tc.in))
+		_, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(tc.in))
 		var ae *ArgError
 		if !errors.As(err, &ae) {
 			t.Errorf("flakey %q: err %v, want *ArgError %q", tc.in, err, tc.reason)
@@ -197,7 +190,7 @@ func TestFlakeyRejected(t *testing.T) {
 }
 
 func TestFlakeyLookupErrorKeepsCause(t *testing.T) {
-	c := newFaultCtor(&testFaultClock{}, 2048)
+	c := newFaultCtor(&selectors.ManualClock{}, 2048)
 	c.Open = func(arg string) (BlockDevice, error) { return nil, fmt.Errorf("open %s: %w", arg, syscall.ENOENT) }
 	_, err := Flakey.New(c, SplitArgs("/nope 0 1 1"))
 	if err == nil || err.Error() != "Device lookup failed: open /nope: no such file or directory" {
@@ -223,8 +216,8 @@ func flakeyTryIO(t *testing.T, f *flakey) (readOK, writeOK bool) {
 func TestFlakeyTimeline(t *testing.T) {
 	// Spec §2.6 and §5.7: up 4, down 2, no features; the cycle starts at
 	// construction, here 100 s into the clock.
-	clock := &testFaultClock{}
-	clock.set(100 * time.Second)
+	clock := &selectors.ManualClock{}
+	clock.Set(int64(100 * time.Second))
 	f := newTestFlakey(t, clock, NewMemDevice("8:16", 2048*SectorSize), "8:16 0 4 2")
 	steps := []struct {
 		at time.Duration
@@ -237,7 +230,7 @@ func TestFlakeyTimeline(t *testing.T) {
 		{600*time.Second + 4*time.Second, false}, // 604 = 100*6 + 4
 	}
 	for _, s := range steps {
-		clock.set(100*time.Second + s.at)
+		clock.Set(int64(100*time.Second + s.at))
 		r, w := flakeyTryIO(t, f)
 		if r != s.up || w != s.up {
 			t.Errorf("t=%v: read ok %v, write ok %v; want %v", s.at, r, w, s.up)
@@ -254,14 +247,14 @@ func TestFlakeyTimeline(t *testing.T) {
 		if r, w := flakeyTryIO(t, never); !r || !w {
 			t.Errorf("down 0 at %v: read ok %v, write ok %v", clock.Nanotime(), r, w)
 		}
-		clock.advance(700 * time.Millisecond)
+		clock.Advance(700 * time.Millisecond)
 	}
 }
 
 func TestFlakeyUpPassesAtOffset(t *testing.T) {
 	dev := NewMemDevice("8:16", 4096*SectorSize)
 	faultPattern(dev)
-	f := newTestFlakey(t, &testFaultClock{}, dev, "8:16 8 1 1 1 error_writes")
+	f := newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 8 1 1 1 error_writes")
 	got := make([]byte, 100)
 	if n, err := f.ReadAt(context.Background(), got, 10); n != 100 || err != nil {
 		t.Fatalf("read: %d, %v", n, err)
@@ -287,7 +280,7 @@ func TestFlakeyUpPassesAtOffset(t *testing.T) {
 
 // flakeyDown builds a flakey target that is always down.
 func flakeyDown(t *testing.T, dev *MemDevice, features string) *flakey {
-	return newTestFlakey(t, &testFaultClock{}, dev, "8:16 0 0 1 "+features)
+	return newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 0 0 1 "+features)
 }
 
 func TestFlakeyDropWrites(t *testing.T) {
@@ -365,7 +358,7 @@ func TestFlakeyCorruptBioByteRead(t *testing.T) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	faultPattern(dev)
 	before := bytes.Clone(dev.Bytes())
-	clock := &testFaultClock{}
+	clock := &selectors.ManualClock{}
 	f := newTestFlakey(t, clock, dev, "8:16 0 1 1 5 corrupt_bio_byte 32 r 1 0")
 	got := make([]byte, 512)
 
@@ -373,7 +366,7 @@ func TestFlakeyCorruptBioByteRead(t *testing.T) {
 	if _, err := f.ReadAt(ctx, got, 512); err != nil || !bytes.Equal(got, before[512:1024]) {
 		t.Fatalf("read while up: %v", err)
 	}
-	clock.set(time.Second)
+	clock.Set(int64(time.Second))
 	if _, err := f.ReadAt(ctx, got, 512); err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +520,7 @@ func TestFlakeyAccounting(t *testing.T) {
 	check("passed read", stats.Read, func(c context.Context) error { _, err := drop.ReadAt(c, buf, 0); return err }, true)
 	check("dropped write", stats.Write, func(c context.Context) error { _, err := drop.WriteAt(c, buf, 0); return err }, true)
 	check("dropped discard", stats.Discard, func(c context.Context) error { return drop.Discard(c, 0, 512) }, true)
-	up := newTestFlakey(t, &testFaultClock{}, dev, "8:16 0 1 0")
+	up := newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 0 1 0")
 	check("read while up", stats.Read, func(c context.Context) error { _, err := up.ReadAt(c, buf, 0); return err }, true)
 	check("write while up", stats.Write, func(c context.Context) error { _, err := up.WriteAt(c, buf, 0); return err }, true)
 }
@@ -575,7 +568,7 @@ func TestFlakeyWriteCorruptionAllocs(t *testing.T) {
 
 func BenchmarkFlakeyCorruptWrite(b *testing.B) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
-	f := newTestFlakey(b, &testFaultClock{}, dev, "8:16 0 0 1 5 corrupt_bio_byte 1 w 7 0")
+	f := newTestFlakey(b, &selectors.ManualClock{}, dev, "8:16 0 0 1 5 corrupt_bio_byte 1 w 7 0")
 	buf := make([]byte, 4096)
 	ctx := context.Background()
 	b.SetBytes(int64(len(buf)))
@@ -597,7 +590,7 @@ func FuzzFlakeyArgs(f *testing.F) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	f.Fuzz(func(t *testing.T, params string) {
 		args := SplitArgs(params)
-		tg, err := Flakey.New(newFaultCtor(&testFaultClock{}, 2048, dev), args)
+		tg, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), args)
 		if err != nil {
 			var ae *ArgError
 			if !errors.As(err, &ae) || ae.Reason == "" || !errors.Is(err, syscall.EINVAL) {
@@ -606,7 +599,7 @@ func FuzzFlakeyArgs(f *testing.F) {
 			return
 		}
 		table := tg.Status(StatusTable)
-		tg2, err := Flakey.New(newFaultCtor(&testFaultClock{}, 2048, dev), SplitArgs(table))
+		tg2, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(table))
 		if err != nil {
 			t.Fatalf("%q: table form %q rejected: %v", params, table, err)
 		}
@@ -637,13 +630,13 @@ func TestFlakeyRangeCheck(t *testing.T) {
 		{2048, "8:16 16384 4 2", "8:16 too small for target: start=16384, len=2048, dev_size=16384"},
 		{16385, "8:16 0 4 2", "8:16 too small for target: start=0, len=16385, dev_size=16384"},
 	} {
-		_, err := Flakey.New(newFaultCtor(&testFaultClock{}, tc.length, dev), SplitArgs(tc.in))
+		_, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, tc.length, dev), SplitArgs(tc.in))
 		var ae *ArgError
 		if !errors.As(err, &ae) || ae.Reason != tc.reason || !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("flakey %q (len %d): %v, want EINVAL %q", tc.in, tc.length, err, tc.reason)
 		}
 	}
-	if _, err := Flakey.New(newFaultCtor(&testFaultClock{}, 2048, dev), SplitArgs("8:16 14336 4 2")); err != nil {
+	if _, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs("8:16 14336 4 2")); err != nil {
 		t.Errorf("flakey ending at the device's last sector: %v", err)
 	}
 }

@@ -63,6 +63,13 @@ type Manager struct {
 	// the device itself. Unset, every such message fails with "Unsupported
 	// message sent to DM core" (EINVAL).
 	CoreMessage func(d *Device, args []string) (string, error)
+
+	// Open, when set, resolves the device arguments of every table the
+	// manager builds in place of its own lookup of paths, MAJOR:MINOR and
+	// mapped device names, so that tables can be built over devices that are
+	// not files (stacktest.Opener serves memory devices). What it returns is
+	// closed with the table if it has a Close method.
+	Open func(arg string) (BlockDevice, error)
 }
 
 // NewManager returns a manager that builds tables with reg. ctx lives as long
@@ -220,9 +227,13 @@ func (m *Manager) Build(d *Device, text string, dir string) (*Table, error) {
 }
 
 func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, error) {
+	open := m.Open
+	if open == nil {
+		open = func(arg string) (BlockDevice, error) { return m.open(d, arg, ro, dir) }
+	}
 	return Build(lines, BuildOptions{
 		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent,
-		Open: func(arg string) (BlockDevice, error) { return m.open(d, arg, ro, dir) },
+		Open: open,
 	})
 }
 

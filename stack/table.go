@@ -243,6 +243,19 @@ func (t *Table) NumTargets() int { return len(t.segs) }
 // ReadOnly reports whether the table was built for a read-only device.
 func (t *Table) ReadOnly() bool { return t.readOnly }
 
+// Devices returns every device the table opened, in the order the targets
+// opened them (dm_table_get_devices).
+func (t *Table) Devices() []BlockDevice { return t.devs }
+
+// Targets calls f for each target with its start and length in sectors and
+// its type.
+func (t *Table) Targets(f func(start, n int64, typ *TargetType, tg Target)) {
+	for i := range t.segs {
+		s := &t.segs[i]
+		f(s.start/SectorSize, (s.end-s.start)/SectorSize, s.typ, s.target)
+	}
+}
+
 // Format prints the table as `dmfuse table` (StatusTable) or `dmfuse status`
 // (StatusInfo) do: one line per target, `<start> <len> <type> <params>\n`.
 func (t *Table) Format(st StatusType) string {
