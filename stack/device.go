@@ -58,7 +58,10 @@ type Device struct {
 	onChange func(*Device)
 }
 
-var _ BlockDevice = (*Device)(nil)
+var (
+	_ BlockDevice = (*Device)(nil)
+	_ Limiter     = (*Device)(nil)
+)
 
 func newDevice(name, uuid string, minor uint32, ino uint64, readOnly bool, clock Clock) *Device {
 	d := &Device{minor: minor, ino: ino, disk: stats.NewDisk(clock)}
@@ -129,6 +132,17 @@ func (d *Device) Size() int64 {
 		return t.size
 	}
 	return 0
+}
+
+// Limits says whether the device takes discards and write-zeroes: what its
+// live table takes (none without one). A table stacked on the device reads
+// it when it is built, as dm reads the queue limits of the devices below
+// when it calculates a new table's limits.
+func (d *Device) Limits() Limits {
+	if t := d.live.Load(); t != nil {
+		return t.limits
+	}
+	return Limits{}
 }
 
 // OpenCount is the number of open handles on the device file plus the

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -394,6 +395,14 @@ func TestParseConcise(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+	// The Manager takes uuids as given: the config checks them.
+	long := "a," + strings.Repeat("u", 129) + ",,rw,0 8 zero"
+	if _, err := ParseConcise(long); err == nil || err.Error() != "line 1: a: uuid longer than 128 bytes" {
+		t.Errorf("uuid of 129 bytes: %v", err)
+	}
+	if devs, err := ParseConcise("a," + strings.Repeat("u", 128) + ",,rw,0 8 zero"); err != nil || len(devs[0].UUID) != 128 {
+		t.Errorf("uuid of 128 bytes: %v", err)
+	}
 	for _, empty := range []string{"", "# nothing\n", " ;\n", "\n\n"} {
 		if devs, err := ParseConcise(empty); err != nil || len(devs) != 0 {
 			t.Errorf("%q: %v, %v", empty, devs, err)
@@ -414,6 +423,9 @@ func FuzzConcise(f *testing.F) {
 		for _, d := range devs {
 			if ValidName(d.Name) != nil {
 				t.Fatalf("invalid name %q accepted", d.Name)
+			}
+			if ValidUUID(d.UUID) != nil {
+				t.Fatalf("device %q: invalid uuid %q accepted", d.Name, d.UUID)
 			}
 			if d.Table == "" {
 				t.Fatalf("device %q without a table", d.Name)

@@ -50,14 +50,30 @@ type Flusher interface {
 	Flush(ctx context.Context) error
 }
 
-// Discarder is implemented by targets that handle discards (fallocate
-// PUNCH_HOLE). A target without it fails a discard with EOPNOTSUPP.
+// Discarder is implemented by targets that take discards (fallocate
+// PUNCH_HOLE), as dm targets that set num_discard_bios. A table takes
+// discards only if every target does and, unless it is a DiscardOwner,
+// every device the target opened through Ctor.Open does too
+// (drivers/md/dm-table.c: dm_table_supports_discards). On a table that does
+// not, a discard fails with EOPNOTSUPP before any target sees it.
 type Discarder interface {
 	Discard(ctx context.Context, off, n int64) error
 }
 
-// ZeroWriter is implemented by targets that handle write-zeroes (fallocate
-// ZERO_RANGE). A target without it fails write-zeroes with EOPNOTSUPP.
+// DiscardOwner is implemented by Discarders that complete discards
+// themselves whatever their devices take (dm's discards_supported): zero
+// drops them, error fails them.
+type DiscardOwner interface {
+	OwnsDiscards()
+}
+
+// ZeroWriter is implemented by targets that take write-zeroes (fallocate
+// ZERO_RANGE), as dm targets that set num_write_zeroes_bios. A table takes
+// write-zeroes only if every target does and every device the target opened
+// through Ctor.Open does too (drivers/md/dm-table.c:
+// dm_table_supports_write_zeroes). On a table that does not, the device
+// writes zeros through WriteAt instead (block/blk-lib.c:
+// blkdev_issue_zeroout falls back to blkdev_issue_zero_pages).
 type ZeroWriter interface {
 	WriteZeroes(ctx context.Context, off, n int64) error
 }
@@ -108,8 +124,10 @@ type MapAccounter interface {
 	AccountsAtMap()
 }
 
-// DeviceLister is implemented by targets that reference underlying devices; it
-// lets the table list them (dependencies, `dmfuse ls --tree`).
+// DeviceLister was how a target listed its devices.
+//
+// Deprecated: the table owns every device opened through Ctor.Open and
+// lists them itself; nothing calls Devices.
 type DeviceLister interface {
 	Devices() []BlockDevice
 }
@@ -125,8 +143,30 @@ type BlockDevice interface {
 	// Size is the device's size in bytes.
 	Size() int64
 	// Name is how table and status print the device: a mapped device's
-	// name, a file's absolute path, or MAJOR:MINOR.
+	// name, a file's absolute path, or MAJOR:MINOR. Targets print it
+	// through EscapeArg.
 	Name() string
+}
+
+// Limits says which optional operations an underlying device takes, as a
+// block device's queue limits do (a max_discard_sectors or
+// max_write_zeroes_sectors of 0 means no).
+type Limits struct {
+	Discard, WriteZeroes bool
+}
+
+// Limiter is implemented by BlockDevices that may not take discards or
+// write-zeroes. A device without it takes both.
+type Limiter interface {
+	Limits() Limits
+}
+
+// limitsOf returns the limits of dev.
+func limitsOf(dev BlockDevice) Limits {
+	if l, ok := dev.(Limiter); ok {
+		return l.Limits()
+	}
+	return Limits{Discard: true, WriteZeroes: true}
 }
 
 // Ctor is what a target constructor gets besides its arguments.
@@ -137,8 +177,9 @@ type Ctor struct {
 	ReadOnly bool
 	// Clock is the daemon's monotonic clock.
 	Clock Clock
-	// Open resolves a device argument (interface.md §4). The table owns what it
-	// returns and closes it with the table.
+	// Open resolves a device argument (a mapped device's name, MAJOR:MINOR
+	// or a file's path), as dm_get_device does. The table owns what it
+	// returns, lists it and closes it with the table.
 	Open func(arg string) (BlockDevice, error)
 	// Context is the daemon's long-lived context, for constructors that start
 	// goroutines.
