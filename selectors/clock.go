@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/dmfuse/dmfuse/clock"
+	"github.com/dmfuse/dmfuse/stack/clock"
 )
 
 // Clock returns monotonic nanoseconds (clock.Clock). Selectors never read the

@@ -51,7 +51,6 @@ type multipath struct {
 	hwName         string // printed while the table has no path (see parsePG)
 	hwArgs         []string
 	pgs            []*priorityGroup
-	devs           []BlockDevice
 
 	// Read without the lock on the I/O path, written under mu (the
 	// kernel's READ_ONCE/atomic_t fields of struct multipath).
@@ -105,7 +104,6 @@ var (
 	_ Postsuspender = (*multipath)(nil)
 	_ Resumer       = (*multipath)(nil)
 	_ MapAccounter  = (*multipath)(nil)
-	_ DeviceLister  = (*multipath)(nil)
 )
 
 // mpErr is a constructor or message error: the kernel's text (ti->error, or
@@ -345,7 +343,6 @@ func (m *multipath) parsePG(c *Ctor, as *Args, num int) (*priorityGroup, error) 
 		}
 		as.Skip(int(nargs))
 		pg.paths = append(pg.paths, pp)
-		m.devs = append(m.devs, dev)
 	}
 	return pg, nil
 }
@@ -353,9 +350,6 @@ func (m *multipath) parsePG(c *Ctor, as *Args, num int) (*priorityGroup, error) 
 // AccountsAtMap implements MapAccounter: I/O failed for lack of a path is
 // killed at map time and not counted.
 func (m *multipath) AccountsAtMap() {}
-
-// Devices implements DeviceLister.
-func (m *multipath) Devices() []BlockDevice { return m.devs }
 
 // Close implements Target: any I/O still held fails with EIO.
 func (m *multipath) Close() error {

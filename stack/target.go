@@ -7,7 +7,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/clock"
+	"github.com/dmfuse/dmfuse/stack/clock"
 )
 
 // SectorSize is the size of a device-mapper sector in bytes. Every start, length
@@ -122,14 +122,6 @@ type MaxIOer interface {
 // it is counted at completion.
 type MapAccounter interface {
 	AccountsAtMap()
-}
-
-// DeviceLister was how a target listed its devices.
-//
-// Deprecated: the table owns every device opened through Ctor.Open and
-// lists them itself; nothing calls Devices.
-type DeviceLister interface {
-	Devices() []BlockDevice
 }
 
 // BlockDevice is an underlying device: a backing file, a block device or

@@ -45,7 +45,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/dmfuse/dmfuse/clock"
+	"github.com/dmfuse/dmfuse/stack/clock"
 )
 
 // Op is the kind of one accounted I/O piece, as the bio-based device-mapper core sees it.

@@ -4,7 +4,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/clock"
+	"github.com/dmfuse/dmfuse/stack/clock"
 	"github.com/dmfuse/dmfuse/selectors"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
