@@ -4,9 +4,9 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/stack/clock"
 	"github.com/dmfuse/dmfuse/selectors"
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/clock"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
