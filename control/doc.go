@@ -14,6 +14,35 @@
 // or invalid gets an error response and changes nothing. Once a complete
 // request has been read, it runs to its end even if the client goes away.
 //
+//	{"op":"create","name":"d1","table":"0 2048 linear ./a.img 0","dir":"/home/me"}
+//	{"op":"message","name":"d1","sector":0,"args":["addbadblock","60"]}
+//	{"op":"table","inactive":true}
+//	-> {"output":"..."}              on success; the client prints output as it is
+//	-> {"error":"d1: line 1: linear: Invalid argument count","errno":"EINVAL"}
+//
+// Op is one of create, load, clear, suspend, resume, remove, rename, message,
+// table, status, info, ls and targets; the other fields are name, new_name,
+// uuid (create, and rename's --setuuid), table, dir (absolute; relative paths
+// in the table resolve against it), notable, readonly, noflush, force,
+// inactive, sector and args. The words of a message are joined with spaces and
+// split again as the kernel splits them (stack.SplitArgs: a backslash escapes
+// the next character), and a response to a message that does not end in a
+// newline gets one. What each operation does is stack.Manager's (see package
+// stack).
+//
+// # Where the socket lives
+//
+// A daemon mounted on MOUNTPOINT listens on DefaultPath(MOUNTPOINT) unless it
+// is given another path: in SocketDir (/run/dmfuse for root, else
+// $XDG_RUNTIME_DIR/dmfuse, else /tmp/dmfuse-UID), the absolute mount point
+// escaped as `systemd-escape --path` does (EscapePath: /tmp/my-dm gives
+// tmp-my\x2ddm), then ".sock". When that path is too long for a socket address
+// (107 bytes), the file name is "h-" and the first 32 hex digits of the SHA-256
+// of the absolute mount point, then ".sock". Listen replaces a socket file that
+// no daemon answers on (one left by a daemon that was killed) and refuses one
+// that a running daemon answers on; Server.Close closes the listener, which
+// removes the socket file.
+//
 // # Validation
 //
 // Request.Validate is the one check of a request's form: a known operation,
