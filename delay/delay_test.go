@@ -14,8 +14,9 @@ import (
 	"github.com/dmfuse/dmfuse/stack"
 )
 
-// TestStatusVectors checks the delay vectors of spec §5.1 and the fractional
-// form.
+// TestStatusVectors checks the table form of delay tables with one, two and
+// three triples, as drivers/md/dm-delay.c: delay_status prints them, and the
+// fractional form.
 func TestStatusVectors(t *testing.T) {
 	for _, tc := range []struct{ in, table string }{
 		{"8:16 0 100", "8:16 0 100"},

@@ -83,9 +83,9 @@ func TestRegistry(t *testing.T) {
 	}
 }
 
-// groupTable and groupStatus render one priority group the way dm-mpath does
-// (spec §2.8), so the selector parts of the spec §5.1 vectors can be checked
-// verbatim.
+// groupTable and groupStatus render one priority group the way
+// drivers/md/dm-mpath.c: multipath_status does, so the selector parts of whole
+// multipath status lines can be checked verbatim.
 func groupTable(typ *Type, s Selector, ps []*Path) string {
 	var b strings.Builder
 	b.WriteString(typ.Name + " " + s.Status(nil, StatusTable))

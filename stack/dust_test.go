@@ -38,7 +38,7 @@ func dustMsg(d *dust, text string) (string, error) {
 }
 
 func TestDustTableVectors(t *testing.T) {
-	// Spec §5.1 (dust).
+	// The table and status lines drivers/md/dm-dust.c: dust_status prints.
 	dev := NewMemDevice("8:16", 8192*SectorSize)
 	d := newTestDust(t, dev, 2048, "8:16 0 512", nil)
 	if got, want := d.Status(StatusTable), "8:16 0 512"; got != want {
@@ -102,7 +102,8 @@ func TestDustTableVectors(t *testing.T) {
 }
 
 func TestDustRejected(t *testing.T) {
-	// Spec §5.2 and §2.7, in the kernel's words and order of checks.
+	// drivers/md/dm-dust.c: dust_ctr's refusals, in the kernel's words and
+	// order of checks.
 	dev := NewMemDevice("8:16", 8192*SectorSize)
 	tests := []struct {
 		length     int64
@@ -139,7 +140,8 @@ func TestDustRejected(t *testing.T) {
 }
 
 func TestDustMessageVectors(t *testing.T) {
-	// Spec §5.4 on "0 2048 dust 8:16 0 512", whose device holds 2048 blocks.
+	// drivers/md/dm-dust.c: dust_message's answers on "0 2048 dust 8:16 0 512",
+	// whose device holds 2048 blocks.
 	ctx := context.Background()
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	var logs bytes.Buffer
@@ -444,7 +446,8 @@ func TestDustEmptyFlush(t *testing.T) {
 }
 
 func TestDustAccounting(t *testing.T) {
-	// Spec §4.4: I/O killed on a bad block is not accounted.
+	// I/O killed on a bad block (DM_MAPIO_KILL) is not accounted
+	// (drivers/md/dm.c: __dm_io_complete).
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	d := newTestDust(t, dev, 64, "8:16 0 512", nil)
 	dustMsg(d, "enable")

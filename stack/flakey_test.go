@@ -78,7 +78,8 @@ func faultAcctStarted(p *piece) bool {
 }
 
 func TestFlakeyTableVectors(t *testing.T) {
-	// Spec §5.1 (flakey, kernel >= 6.16), with the device printed by name.
+	// The table lines drivers/md/dm-flakey.c: flakey_status prints (kernel 6.16
+	// and later), with the device printed by name.
 	dev := NewMemDevice("8:16", 4096*SectorSize)
 	tests := []struct{ in, table string }{
 		{"8:16 0 4 2", "8:16 0 4 2 2 error_reads error_writes"},
@@ -122,7 +123,8 @@ func TestFlakeyTableVectors(t *testing.T) {
 }
 
 func TestFlakeyRejected(t *testing.T) {
-	// Spec §5.2 and every constructor reason of §2.6, in the kernel's words.
+	// Every refusal of drivers/md/dm-flakey.c: flakey_ctr and parse_features,
+	// in the kernel's words.
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	tests := []struct{ in, reason string }{
 		{"8:16 0 0 0", "Total (up + down) interval is zero"},
@@ -212,8 +214,9 @@ func flakeyTryIO(t *testing.T, f *flakey) (readOK, writeOK bool) {
 }
 
 func TestFlakeyTimeline(t *testing.T) {
-	// Spec §2.6 and §5.7: up 4, down 2, no features; the cycle starts at
-	// construction, here 100 s into the clock.
+	// Up 4, down 2, no features: down while (now - start) % (up + down) >= up
+	// (drivers/md/dm-flakey.c: flakey_map); the cycle starts at construction,
+	// here 100 s into the clock.
 	clock := &selectors.ManualClock{}
 	clock.Set(int64(100 * time.Second))
 	f := newTestFlakey(t, clock, NewMemDevice("8:16", 2048*SectorSize), "8:16 0 4 2")
@@ -498,8 +501,9 @@ func TestFlakeyRandomCorruptReproducible(t *testing.T) {
 }
 
 func TestFlakeyAccounting(t *testing.T) {
-	// Spec §4.4: a read killed at map time is not accounted; everything the
-	// target passes down or completes itself is.
+	// A read killed at map time (DM_MAPIO_KILL) is not accounted
+	// (drivers/md/dm.c: __dm_io_complete); everything the target passes down or
+	// completes itself is.
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	buf := make([]byte, 512)
 	check := func(name string, op stats.Op, f func(ctx context.Context) error, wantStarted bool) {

@@ -45,9 +45,9 @@ func testDevice(t testing.TB, text string, devs map[string]*MemDevice, clock Clo
 	return d
 }
 
-// TestStripeMapping checks the spec's worked mapping: with 2 stripes of 8
-// sectors, dm sector 27 lands on stripe 1 at sector 11 and dm sector 20 on
-// stripe 0 at sector 12.
+// TestStripeMapping checks drivers/md/dm-stripe.c: stripe_map_sector: with 2
+// stripes of 8 sectors, dm sector 27 lands on stripe 1 at sector 11 and dm
+// sector 20 on stripe 0 at sector 12.
 func TestStripeMapping(t *testing.T) {
 	s := &striped{stripes: make([]stripe, 2), chunk: 8 * SectorSize, chunkS: 8}
 	for _, c := range []struct {
@@ -244,9 +244,9 @@ func TestDiscardAndZeroes(t *testing.T) {
 	}
 }
 
-// TestAccountingRules checks spec §4.4 on a device: pieces split at segment
-// and chunk boundaries count separately, I/O killed by the error target
-// counts nothing, and in-flight returns to zero.
+// TestAccountingRules checks the accounting rules of the package documentation
+// on a device: pieces split at segment and chunk boundaries count separately,
+// I/O killed by the error target counts nothing, and in-flight returns to zero.
 func TestAccountingRules(t *testing.T) {
 	d := testDevice(t, "0 1024 linear 8:16 0\n1024 1024 linear 8:32 0\n2048 64 striped 2 8 8:16 2048 8:32 2048\n2112 64 error", testDevs(), nil)
 	ctx := context.Background()

@@ -239,7 +239,9 @@ func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, e
 
 var majMin = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
 
-// open resolves one device argument of a table of device self (interface.md §4).
+// open resolves one device argument of a table of device self: MAJOR:MINOR
+// (253:N is the mapped device of minor N), a name without '/' (a mapped
+// device), or a path (relative to dir).
 func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevice, error) {
 	if mm := majMin.FindStringSubmatch(arg); mm != nil {
 		maj, _ := strconv.ParseUint(mm[1], 10, 32)
@@ -395,10 +397,10 @@ func (m *Manager) acquire(name string) (*Device, error) {
 	return d, nil
 }
 
-// Load builds a table for the device called name from text and puts it in
-// the inactive slot, replacing any table there (spec §1.4). Constructors run
-// now, so argument errors are reported now; on failure an older inactive
-// table is kept. Relative paths in text resolve against dir.
+// Load builds a table for the device called name from text and puts it in the
+// inactive slot, replacing any table there (drivers/md/dm-ioctl.c: table_load).
+// Constructors run now, so argument errors are reported now; on failure an
+// older inactive table is kept. Relative paths in text resolve against dir.
 func (m *Manager) Load(name, text, dir string) error {
 	lines, err := ParseTable(text)
 	if err != nil {
@@ -432,7 +434,7 @@ func (m *Manager) Clear(name string) error {
 	return nil
 }
 
-// Suspend suspends the device called name (spec §1.5).
+// Suspend suspends the device called name (Device.Suspend).
 func (m *Manager) Suspend(name string, noflush bool) error {
 	d, err := m.acquire(name)
 	if err != nil {
@@ -444,7 +446,7 @@ func (m *Manager) Suspend(name string, noflush bool) error {
 }
 
 // Resume resumes the device called name, making its inactive table live if
-// there is one (spec §1.4).
+// there is one (Device.Resume).
 func (m *Manager) Resume(name string) error {
 	d, err := m.acquire(name)
 	if err != nil {

@@ -15,8 +15,9 @@ import (
 
 // Multipath is the multipath target type (dm-mpath 1.15.0): priority groups of
 // paths to one storage, a path selector per group, failover on path errors and
-// queueing while no path is left (spec §2.8). It must be alone in its table and
-// can only be replaced by another multipath table (or an error table).
+// queueing while no path is left (drivers/md/dm-mpath.c). It must be alone in
+// its table and can only be replaced by another multipath table (or an error
+// table).
 var Multipath = &TargetType{Name: "multipath", Version: [3]int{1, 15, 0}, Singleton: true, Immutable: true, New: newMultipath}
 
 // ErrPushBack is the error of an I/O that multipath pushes back to the device
@@ -124,16 +125,16 @@ func mpErr(kernel, format string, a ...any) error {
 // retain_attached_hw_handler, pg_init_retries <1..50>, pg_init_delay_msecs
 // <0..60000>, queue_mode <bio|rq|mq>. dmfuse is bio-based whatever queue_mode
 // says; the table prints what the kernel prints for the mode given (bio mode
-// sets retain_attached_hw_handler and ignores a hardware handler). A
-// hardware handler needs a SCSI path, and dmfuse paths are files and mapped
-// devices: as the kernel does for a path that is not SCSI, the first path
-// drops the handler with a logged "hardware handlers are only allowed for
-// scsi devices", so table prints "0" for it (a table without paths keeps it)
-// and no pg_init ever runs (pg_init_count stays 0). Counts are
-// 0..1024; each group has 1..1024 paths. Selectors are those of package
-// selectors (round-robin, queue-length, service-time,
-// historical-service-time). A path is any device argument (interface.md §4)
-// and must cover the whole target.
+// sets retain_attached_hw_handler and ignores a hardware handler). A hardware
+// handler needs a SCSI path, and dmfuse paths are files and mapped devices: as
+// the kernel does for a path that is not SCSI, the first path drops the handler
+// with a logged "hardware handlers are only allowed for scsi devices", so table
+// prints "0" for it (a table without paths keeps it) and no pg_init ever runs
+// (pg_init_count stays 0). Counts are 0..1024; each group has 1..1024 paths.
+// Selectors are those of package selectors (round-robin, queue-length,
+// service-time, historical-service-time). A path is any device argument (a
+// mapped device's name, 253:N, MAJOR:MINOR or a path) and must cover the whole
+// target.
 //
 // TABLE: "<#feat> <features> <0|1 hwname> <#groups> <pgnum> {<selector>
 // <group status> <#paths> <table_args> {<dev> <path status>}...}..."; INFO:

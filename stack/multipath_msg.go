@@ -127,8 +127,9 @@ func (m *multipath) pathsMatching(arg string) ([]*pgpath, error) {
 	return out, nil
 }
 
-// devKey identifies the device a message names, resolved by the rules of
-// device arguments (interface.md §4) without opening it.
+// devKey identifies the device a message names, resolved by the rules of device
+// arguments (Manager's open: a mapped device's name, 253:N, MAJOR:MINOR or a
+// path) without opening it.
 type devKey struct {
 	arg    string
 	mapped string // a mapped device name

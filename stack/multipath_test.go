@@ -79,7 +79,8 @@ func (d *mpDev) Flush(ctx context.Context) error {
 	return d.MemDevice.Flush(ctx)
 }
 
-// mpFixture is a multipath target over mpDevs named like the spec's vectors.
+// mpFixture is a multipath target over mpDev paths named by MAJOR:MINOR (8:16,
+// 8:32, 8:48), as dmsetup prints block devices.
 type mpFixture struct {
 	m      *multipath
 	devs   map[string]*mpDev
@@ -150,7 +151,9 @@ func wantStr(t *testing.T, what, got, want string) {
 	}
 }
 
-// TestMultipathTableVectors checks every multipath vector of spec §5.1.
+// TestMultipathTableVectors checks the table and status lines of
+// drivers/md/dm-mpath.c: multipath_status for each selector, queue mode and
+// feature.
 func TestMultipathTableVectors(t *testing.T) {
 	t.Run("round-robin", func(t *testing.T) {
 		f := newMP(t, "0 0 1 1 round-robin 0 2 1 8:16 1000 8:32 1000")
@@ -288,8 +291,8 @@ func TestMultipathHWHandlerNonSCSI(t *testing.T) {
 	}
 }
 
-// TestMultipathRejected checks the multipath rows of spec §5.2 and more bad
-// tables: the error carries the kernel's text.
+// TestMultipathRejected checks tables that drivers/md/dm-mpath.c: multipath_ctr
+// refuses: the error carries the kernel's text.
 func TestMultipathRejected(t *testing.T) {
 	cases := []struct{ params, want string }{
 		{"0 0 1 0 round-robin 0 1 1 8:16 1", "invalid initial priority group"},
@@ -334,7 +337,8 @@ func TestMultipathRejected(t *testing.T) {
 }
 
 // TestMultipathTableRules: multipath must be alone in its table and cannot be
-// replaced by another type on reload, except by error (spec §5.2).
+// replaced by another type on reload, except by error (drivers/md/dm-ioctl.c:
+// table_load).
 func TestMultipathTableRules(t *testing.T) {
 	devs := testDevs()
 	reg, err := NewRegistry(Linear, Error, Multipath)
@@ -380,8 +384,8 @@ func TestMultipathTableRules(t *testing.T) {
 	}
 }
 
-// TestMultipathMessageVectors checks spec §5.4's multipath messages and the
-// other message errors.
+// TestMultipathMessageVectors checks the answers of drivers/md/dm-mpath.c:
+// multipath_message and its other message errors.
 func TestMultipathMessageVectors(t *testing.T) {
 	f := newMP(t, "0 0 2 1 round-robin 0 1 1 8:16 1 round-robin 0 1 1 8:32 1")
 	cases := []struct {
@@ -451,7 +455,8 @@ func TestMultipathEvents(t *testing.T) {
 }
 
 // TestMultipathRoundRobinOrder: A B A B ...; after fail A and reinstate A the
-// next pick is A (spec §5.1).
+// next pick is A (drivers/md/dm-ps-round-robin.c: rr_reinstate_path puts the
+// path back at the head of the valid list).
 func TestMultipathRoundRobinOrder(t *testing.T) {
 	f := newMP(t, "0 0 1 1 round-robin 0 2 1 8:16 1 8:32 1")
 	var order []string
@@ -485,9 +490,9 @@ func TestMultipathRoundRobinOrder(t *testing.T) {
 	}
 }
 
-// TestMultipathServiceTimeChoice: spec §3.3's example through the target: p1
-// with 4096 bytes in flight at rt 1, p2 with 8192 at rt 4; a 4096-byte I/O
-// goes to p2.
+// TestMultipathServiceTimeChoice: drivers/md/dm-ps-service-time.c:
+// st_compare_load through the target: p1 with 4096 bytes in flight at rt 1, p2
+// with 8192 at rt 4; a 4096-byte I/O goes to p2.
 func TestMultipathServiceTimeChoice(t *testing.T) {
 	f := newMP(t, "0 0 1 1 service-time 0 2 2 8:16 1 1 8:32 1 4")
 	pg := f.m.pgs[0]
@@ -502,9 +507,10 @@ func TestMultipathServiceTimeChoice(t *testing.T) {
 	}
 }
 
-// TestMultipathHSTStamp: the start stamp given to HST comes from the same
-// clock as the selector's, at map time; spec §3.4's worked example (a
-// 100,000 ns sample, base 972, 2 valid paths) then shows in status.
+// TestMultipathHSTStamp: the start stamp given to HST comes from the same clock
+// as the selector's, at map time; the arithmetic of
+// drivers/md/dm-ps-historical-service-time.c (a 100,000 ns sample, base 972, 2
+// valid paths) then shows in status.
 func TestMultipathHSTStamp(t *testing.T) {
 	f := newMP(t, "0 0 1 1 historical-service-time 0 2 1 8:16 1 8:32 1")
 	if !f.m.pgs[0].typ.HRTimer {

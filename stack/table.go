@@ -45,11 +45,11 @@ func (e *TableError) Error() string {
 
 func (e *TableError) Unwrap() error { return e.Err }
 
-// ParseTable reads table text as dmsetup does (spec §1.1): each line is
-// trimmed, empty lines and lines starting with `#` are skipped, the first
-// three fields are start, length and type, and the rest of the line, cut at
-// any `#`, is the parameter string. It checks only the syntax; the rules of
-// spec §1.2 are checked by Build.
+// ParseTable reads table text as dmsetup does (lvm2's dmsetup.c: _parse_line):
+// each line is trimmed, empty lines and lines starting with `#` are skipped,
+// the first three fields are start, length and type, and the rest of the line,
+// cut at any `#`, is the parameter string. It checks only the syntax; Build
+// checks the rest.
 func ParseTable(text string) ([]Line, error) {
 	var lines []Line
 	for i, raw := range strings.Split(text, "\n") {
@@ -125,8 +125,9 @@ type BuildOptions struct {
 	Event func()
 }
 
-// Build checks lines against the rules of spec §1.2 in the kernel's order and
-// constructs every target. On any error it destroys what it built and returns a
+// Build checks lines as drivers/md/dm-table.c: dm_table_add_target and
+// drivers/md/dm-ioctl.c: table_load do, in the kernel's order, and constructs
+// every target. On any error it destroys what it built and returns a
 // *TableError naming the line.
 func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 	if len(lines) == 0 {

@@ -12,7 +12,8 @@ import (
 	"github.com/dmfuse/dmfuse/stats"
 )
 
-// testDevs are in-memory devices named like the spec's vectors.
+// testDevs are in-memory devices named by MAJOR:MINOR (8:16, 8:32, 8:48), as
+// dmsetup prints block devices, and one path with a space in it.
 func testDevs() map[string]*MemDevice {
 	m := map[string]*MemDevice{}
 	for _, n := range []string{"8:16", "8:32", "8:48", "dir/a b.img"} {

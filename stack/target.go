@@ -114,12 +114,12 @@ type MaxIOer interface {
 }
 
 // MapAccounter is implemented by targets that decide, at map time, whether an
-// I/O is passed on or killed (error, flakey, dust, delay, multipath). For such a
-// target the device does not start accounting before calling it; the target
+// I/O is passed on or killed (error, flakey, dust, delay, multipath). For such
+// a target the device does not start accounting before calling it; the target
 // calls StartAccounting(ctx) when it passes the piece on or completes it
 // itself. A piece that returns an error without accounting started was killed
-// at map time and is not counted at all (spec §4.4); one that succeeds without
-// it is counted at completion.
+// at map time and is not counted at all (drivers/md/dm.c: __map_bio on
+// DM_MAPIO_KILL); one that succeeds without it is counted at completion.
 type MapAccounter interface {
 	AccountsAtMap()
 }

@@ -1,9 +1,9 @@
 package stats
 
-// dm-stats: per-region statistics, as the kernel's dm-stats.c keeps them
-// (spec §4.7). A region is a range of sectors cut into areas of step sectors;
-// each area has its own counters, updated from the same two calls as the
-// device's diskstats (StartAt and DoneAt). A Disk without regions pays one
+// dm-stats: per-region statistics, as drivers/md/dm-stats.c keeps them
+// (dm_stats_account_io). A region is a range of sectors cut into areas of step
+// sectors; each area has its own counters, updated from the same two calls as
+// the device's diskstats (StartAt and DoneAt). A Disk without regions pays one
 // atomic pointer load per accounted piece and nothing else.
 //
 // The counting follows the kernel's code rather than its documentation:

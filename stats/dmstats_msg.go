@@ -11,8 +11,8 @@ import (
 )
 
 // StatsMessage handles one of the device-mapper core's dm-stats messages
-// (spec §4.7), given as words with the message name first, for a device of
-// sizeSectors sectors:
+// (drivers/md/dm-stats.c: dm_stats_message), given as words with the message
+// name first, for a device of sizeSectors sectors:
 //
 //	@stats_create <range> <step> [<n> <opt>{n}] [<program_id> [<aux_data>]]
 //	@stats_delete <id>

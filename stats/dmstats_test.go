@@ -90,7 +90,9 @@ func pieceIO(c *fakeClock, d *Disk, op Op, sector, sectors uint64, startNs, endN
 	d.DoneAt(op, sectors, startNs, r)
 }
 
-// TestDMStatsWorkedExample follows spec §5.6 on a device of 2048 sectors.
+// TestDMStatsWorkedExample drives regions through the messages of
+// drivers/md/dm-stats.c (dm_stats_message) on a device of 2048 sectors and
+// checks each answer, byte for byte.
 func TestDMStatsWorkedExample(t *testing.T) {
 	c, d := newFake()
 	tr := &transcript{t: t, d: d, size: 2048}

@@ -79,8 +79,9 @@ func (d *daemon) call(req *control.Request) error {
 }
 
 // TestControlVerbs runs every verb through the client binary, good and bad
-// input, along spec §5.3's lifecycle vectors, and compares the transcript
-// (stdout, stderr, exit code) with a golden file.
+// input, through create, load, suspend, resume, clear, rename and remove as
+// dmsetup runs them, and compares the transcript (stdout, stderr, exit code)
+// with a golden file.
 func TestControlVerbs(t *testing.T) {
 	dir := t.TempDir()
 	sparseFile(t, filepath.Join(dir, "base.img"), 4096*sector)
