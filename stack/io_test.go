@@ -18,6 +18,18 @@ import (
 // testDevice makes a live device with table text over devs.
 func testDevice(t testing.TB, text string, devs map[string]*MemDevice, clock Clock) *Device {
 	t.Helper()
+	bdevs := make(map[string]BlockDevice, len(devs))
+	for k, m := range devs {
+		bdevs[k] = m
+	}
+	return liveDevice(t, text, bdevs, clock)
+}
+
+// liveDevice builds a device named "test" whose live table is text, over the
+// devices in devs (a name missing from devs fails the lookup); a nil clock is
+// the system clock.
+func liveDevice(t testing.TB, text string, devs map[string]BlockDevice, clock Clock) *Device {
+	t.Helper()
 	if clock == nil {
 		clock = stats.SystemClock
 	}

@@ -32,34 +32,6 @@ func (l *limitedDev) WriteZeroes(ctx context.Context, off, n int64) error {
 // Limits reports what the device takes, as a block device's queue limits do.
 func (l *limitedDev) Limits() Limits { return Limits{Discard: !l.noDiscard, WriteZeroes: !l.noZeroes} }
 
-// limitedDevice builds a live device over named devices that may be
-// *MemDevice or *limitedDev.
-func limitedDevice(t *testing.T, text string, devs map[string]BlockDevice) *Device {
-	t.Helper()
-	d := newDevice("test", "", 0, 1, false, stats.SystemClock)
-	d.gate.blocked.Store(true)
-	d.mu.suspended = true
-	lines, err := ParseTable(text)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb, err := Build(lines, BuildOptions{Registry: testRegistry(t), Clock: stats.SystemClock, Context: context.Background(),
-		Open: func(arg string) (BlockDevice, error) {
-			if m, ok := devs[arg]; ok {
-				return m, nil
-			}
-			return nil, Errorf("Device lookup failed")
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Load(tb)
-	if err := d.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 // TestWriteZeroesFallback: where a table does not take write-zeroes
 // (drivers/md/dm-table.c: dm_table_supports_write_zeroes wants
 // num_write_zeroes_bios on every target, which zero, error, flakey, dust and
@@ -106,7 +78,7 @@ func TestWriteZeroesFallback(t *testing.T) {
 	// A linear table over a device without write-zeroes writes zeros.
 	ld := &limitedDev{MemDevice: NewMemDevice("8:16", 2048*SectorSize), noZeroes: true}
 	faultPattern(ld.MemDevice)
-	l := limitedDevice(t, "0 2048 linear 8:16 0", map[string]BlockDevice{"8:16": ld})
+	l := liveDevice(t, "0 2048 linear 8:16 0", map[string]BlockDevice{"8:16": ld}, nil)
 	if err := l.WriteZeroes(ctx, 100, 5000); err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +91,7 @@ func TestWriteZeroesFallback(t *testing.T) {
 
 	// Where every target and device takes write-zeroes, they are passed on.
 	wz := &limitedDev{MemDevice: NewMemDevice("8:16", 2048*SectorSize)}
-	w := limitedDevice(t, "0 2048 linear 8:16 0", map[string]BlockDevice{"8:16": wz})
+	w := liveDevice(t, "0 2048 linear 8:16 0", map[string]BlockDevice{"8:16": wz}, nil)
 	if err := w.WriteZeroes(ctx, 0, 4096); err != nil || wz.writeZeroes.Load() != 1 {
 		t.Errorf("write-zeroes on linear: %v, %d calls", err, wz.writeZeroes.Load())
 	}
@@ -133,7 +105,7 @@ func TestDiscardSupport(t *testing.T) {
 	ctx := context.Background()
 	yes := &limitedDev{MemDevice: NewMemDevice("8:16", 2048*SectorSize)}
 	no := &limitedDev{MemDevice: NewMemDevice("8:32", 2048*SectorSize), noDiscard: true}
-	d := limitedDevice(t, "0 1024 linear 8:16 0\n1024 1024 linear 8:32 0", map[string]BlockDevice{"8:16": yes, "8:32": no})
+	d := liveDevice(t, "0 1024 linear 8:16 0\n1024 1024 linear 8:32 0", map[string]BlockDevice{"8:16": yes, "8:32": no}, nil)
 	if err := d.Discard(ctx, 0, 2048*SectorSize); !errors.Is(err, syscall.EOPNOTSUPP) {
 		t.Errorf("discard: %v, want EOPNOTSUPP", err)
 	}
