@@ -231,8 +231,7 @@ func openState() (string, func(), error) {
 // clearStale lazily unmounts a mount on dir whose daemon is gone ("Transport
 // endpoint is not connected"), and refuses a live mount.
 func clearStale(dir string) error {
-	var st unix.Stat_t
-	err := unix.Stat(dir, &st)
+	err := statSettled(dir)
 	switch {
 	case errors.Is(err, unix.ENOTCONN):
 		// Look for loop devices first: once the mount is detached, their
@@ -250,12 +249,37 @@ func clearStale(dir string) error {
 	case errors.Is(err, unix.ENOENT):
 		return nil
 	case err != nil:
-		return err
+		return fmt.Errorf("%s: %w", dir, err)
 	}
 	if isMountpoint(dir) {
 		return fmt.Errorf("%s is already a mount point", dir)
 	}
 	return nil
+}
+
+// teardownTimeout bounds how long statSettled asks again while a dead
+// daemon's connection is being torn down.
+const teardownTimeout = 10 * time.Second
+
+// statSettled stats dir, and asks again while the answer comes from a
+// connection whose daemon has died but which the kernel has not finished
+// tearing down. On the io_uring transport the kernel drops a daemon's rings
+// after the process is gone: a request that reaches a ring meanwhile ends
+// with ECANCELED (fs/fuse/dev_uring.c: fuse_uring_send_in_task, when the
+// ring's task is dead), and one still queued when the last reference to the
+// daemon's /dev/fuse file goes ends with ECONNABORTED (fs/fuse/dev.c:
+// fuse_abort_conn, end_requests). After that abort every new request fails
+// with ENOTCONN, the answer of a dead mount.
+func statSettled(dir string) error {
+	deadline := time.Now().Add(teardownTimeout)
+	for {
+		var st unix.Stat_t
+		err := unix.Stat(dir, &st)
+		if !errors.Is(err, unix.ECANCELED) && !errors.Is(err, unix.ECONNABORTED) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // isMountpoint reports whether dir is listed as a mount point in
