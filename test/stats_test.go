@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -47,13 +46,13 @@ func diskstatsOf(t *testing.T, d *daemon, name string) []uint64 {
 func TestStackedCounters(t *testing.T) {
 	dir := t.TempDir()
 	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// Port 0: the daemon binds a free port, before it says it serves, and
+	// logs the address.
+	d := startDaemon(t, dir, "base,,,rw,0 16384 linear ./a.img 0;\ntop,,,rw,0 8192 linear base 4096;", "--metrics-addr", "127.0.0.1:0")
+	m := regexp.MustCompile(`dmfuse: metrics on (http://\S+/metrics)\n`).FindStringSubmatch(d.stderr.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log: %s", d.stderr)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	d := startDaemon(t, dir, "base,,,rw,0 16384 linear ./a.img 0;\ntop,,,rw,0 8192 linear base 4096;", "--metrics-addr", addr)
 	f, err := os.OpenFile(d.path("top"), os.O_RDWR|syscall.O_DIRECT, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +75,7 @@ func TestStackedCounters(t *testing.T) {
 			t.Errorf("%s: reads %d sectors %d writes %d sectors %d in flight %d; want 10 80 3 24 0", name, s[0], s[2], s[4], s[6], s[8])
 		}
 	}
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get(m[1])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -31,7 +32,7 @@ const defaultImageSize = 1 << 30
 // MountCmd is `dmfuse mount`.
 type MountCmd struct {
 	Config      string `help:"Devices to create at start, in the dmsetup create --concise format (default: the embedded default set)." type:"path" placeholder:"FILE"`
-	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics." placeholder:"HOST:PORT"`
+	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics (port 0: a free port, which the log names)." placeholder:"HOST:PORT"`
 	AllowOther  bool   `help:"Let other users use the device files."`
 	Debug       bool   `help:"Log every FUSE request." hidden:""`
 
@@ -112,6 +113,16 @@ func (c *MountCmd) Run(g *Globals) error {
 		return err
 	}
 	defer ln.Close()
+	// The metrics address is bound before the mount too: a client may
+	// scrape as soon as the daemon says it serves, and an address in use
+	// fails the start. Port 0 picks a free port, which the log names.
+	var metricsLn net.Listener
+	if c.MetricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", c.MetricsAddr); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		defer metricsLn.Close()
+	}
 
 	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
 		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth})
@@ -125,7 +136,7 @@ func (c *MountCmd) Run(g *Globals) error {
 		}
 	}()
 	defer ctl.Close()
-	if c.MetricsAddr != "" {
+	if metricsLn != nil {
 		exp := stats.NewExporter(func() []stats.Named {
 			var out []stats.Named
 			for _, d := range mgr.Devices() {
@@ -137,13 +148,14 @@ func (c *MountCmd) Run(g *Globals) error {
 		})
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", exp)
-		hs := &http.Server{Addr: c.MetricsAddr, Handler: mux}
+		hs := &http.Server{Handler: mux}
 		go func() {
-			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := hs.Serve(metricsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				fmt.Fprintf(os.Stderr, "dmfuse: metrics: %v\n", err)
 			}
 		}()
 		defer hs.Close()
+		fmt.Fprintf(os.Stderr, "dmfuse: metrics on http://%s/metrics\n", metricsLn.Addr())
 	}
 	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s; control socket %s\n", len(mgr.Devices()), dir, sock)
 
