@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -31,7 +32,7 @@ const defaultImageSize = 1 << 30
 // MountCmd is `dmfuse mount`.
 type MountCmd struct {
 	Config      string `help:"Devices to create at start, in the dmsetup create --concise format (default: the embedded default set)." type:"path" placeholder:"FILE"`
-	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics." placeholder:"HOST:PORT"`
+	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics (port 0: a free port, which the log names)." placeholder:"HOST:PORT"`
 	AllowOther  bool   `help:"Let other users use the device files."`
 	Debug       bool   `help:"Log every FUSE request." hidden:""`
 
@@ -112,6 +113,16 @@ func (c *MountCmd) Run(g *Globals) error {
 		return err
 	}
 	defer ln.Close()
+	// The metrics address is bound before the mount too: a client may
+	// scrape as soon as the daemon says it serves, and an address in use
+	// fails the start. Port 0 picks a free port, which the log names.
+	var metricsLn net.Listener
+	if c.MetricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", c.MetricsAddr); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		defer metricsLn.Close()
+	}
 
 	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
 		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth})
@@ -125,7 +136,7 @@ func (c *MountCmd) Run(g *Globals) error {
 		}
 	}()
 	defer ctl.Close()
-	if c.MetricsAddr != "" {
+	if metricsLn != nil {
 		exp := stats.NewExporter(func() []stats.Named {
 			var out []stats.Named
 			for _, d := range mgr.Devices() {
@@ -137,13 +148,14 @@ func (c *MountCmd) Run(g *Globals) error {
 		})
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", exp)
-		hs := &http.Server{Addr: c.MetricsAddr, Handler: mux}
+		hs := &http.Server{Handler: mux}
 		go func() {
-			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := hs.Serve(metricsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				fmt.Fprintf(os.Stderr, "dmfuse: metrics: %v\n", err)
 			}
 		}()
 		defer hs.Close()
+		fmt.Fprintf(os.Stderr, "dmfuse: metrics on http://%s/metrics\n", metricsLn.Addr())
 	}
 	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s; control socket %s\n", len(mgr.Devices()), dir, sock)
 
@@ -231,8 +243,7 @@ func openState() (string, func(), error) {
 // clearStale lazily unmounts a mount on dir whose daemon is gone ("Transport
 // endpoint is not connected"), and refuses a live mount.
 func clearStale(dir string) error {
-	var st unix.Stat_t
-	err := unix.Stat(dir, &st)
+	err := statSettled(dir)
 	switch {
 	case errors.Is(err, unix.ENOTCONN):
 		// Look for loop devices first: once the mount is detached, their
@@ -250,12 +261,37 @@ func clearStale(dir string) error {
 	case errors.Is(err, unix.ENOENT):
 		return nil
 	case err != nil:
-		return err
+		return fmt.Errorf("%s: %w", dir, err)
 	}
 	if isMountpoint(dir) {
 		return fmt.Errorf("%s is already a mount point", dir)
 	}
 	return nil
+}
+
+// teardownTimeout bounds how long statSettled asks again while a dead
+// daemon's connection is being torn down.
+const teardownTimeout = 10 * time.Second
+
+// statSettled stats dir, and asks again while the answer comes from a
+// connection whose daemon has died but which the kernel has not finished
+// tearing down. On the io_uring transport the kernel drops a daemon's rings
+// after the process is gone: a request that reaches a ring meanwhile ends
+// with ECANCELED (fs/fuse/dev_uring.c: fuse_uring_send_in_task, when the
+// ring's task is dead), and one still queued when the last reference to the
+// daemon's /dev/fuse file goes ends with ECONNABORTED (fs/fuse/dev.c:
+// fuse_abort_conn, end_requests). After that abort every new request fails
+// with ENOTCONN, the answer of a dead mount.
+func statSettled(dir string) error {
+	deadline := time.Now().Add(teardownTimeout)
+	for {
+		var st unix.Stat_t
+		err := unix.Stat(dir, &st)
+		if !errors.Is(err, unix.ECANCELED) && !errors.Is(err, unix.ECONNABORTED) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // isMountpoint reports whether dir is listed as a mount point in
