@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/delay"
@@ -30,7 +31,9 @@ const defaultImageSize = 1 << 30
 // MountCmd is `dmfuse mount`.
 type MountCmd struct {
 	Config      string `help:"Devices to create at start, in the dmsetup create --concise format (default: the embedded default set)." type:"path" placeholder:"FILE"`
-	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics." placeholder:"HOST:PORT"`
+	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics: the devices' counters and the daemon's memory, goroutines and threads." placeholder:"HOST:PORT"`
+	MemoryLimit string `name:"memory-limit" help:"Memory the daemon stays under (Go's soft limit); half of it bounds the request buffers, and requests beyond wait in the kernel. Default: GOMEMLIMIT if set, else 64MiB; off for none." placeholder:"SIZE"`
+	Pprof       string `help:"Serve go tool pprof's profiles on http://HOST:PORT/debug/pprof/ (loopback addresses only)." placeholder:"HOST:PORT"`
 	AllowOther  bool   `help:"Let other users use the device files."`
 	Debug       bool   `help:"Log every FUSE request." hidden:""`
 
@@ -54,6 +57,16 @@ func registry() *stack.Registry {
 
 // Run mounts, serves until a signal or an external unmount, and exits 0.
 func (c *MountCmd) Run(g *Globals) error {
+	limit, metricsLn, pprofLn, ferr := c.memoryAndDebug()
+	if ferr != nil {
+		return ferr
+	}
+	if metricsLn != nil {
+		defer metricsLn.Close()
+	}
+	if pprofLn != nil {
+		defer pprofLn.Close()
+	}
 	dir := c.Mountpoint
 	if err := clearStale(dir); err != nil {
 		return err
@@ -113,7 +126,8 @@ func (c *MountCmd) Run(g *Globals) error {
 	defer ln.Close()
 
 	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
-		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth})
+		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth,
+		MemoryLimit: limit, ReleaseAfter: releaseAfter})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
@@ -124,7 +138,7 @@ func (c *MountCmd) Run(g *Globals) error {
 		}
 	}()
 	defer ctl.Close()
-	if c.MetricsAddr != "" {
+	if metricsLn != nil {
 		exp := stats.NewExporter(func() []stats.Named {
 			var out []stats.Named
 			for _, d := range mgr.Devices() {
@@ -134,16 +148,19 @@ func (c *MountCmd) Run(g *Globals) error {
 			}
 			return out
 		})
+		defer metrics.UnregisterSet(memoryMetrics(srv), true)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", exp)
-		hs := &http.Server{Addr: c.MetricsAddr, Handler: mux}
-		go func() {
-			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fmt.Fprintf(os.Stderr, "dmfuse: metrics: %v\n", err)
-			}
-		}()
-		defer hs.Close()
+		defer serveHTTP("metrics", metricsLn, mux)()
+		fmt.Fprintf(os.Stderr, "dmfuse: metrics on http://%s/metrics\n", metricsLn.Addr())
 	}
+	if pprofLn != nil {
+		defer serveHTTP("pprof", pprofLn, pprofMux())()
+		fmt.Fprintf(os.Stderr, "dmfuse: pprof on http://%s/debug/pprof/\n", pprofLn.Addr())
+	}
+	p := srv.Memory()
+	fmt.Fprintf(os.Stderr, "dmfuse: memory limit %s: requests up to %d KiB, %d in flight, request buffers at most %.1f MiB\n",
+		limitString(p.Limit), p.MaxWrite>>10, p.MaxBackground, float64(p.Bound)/(1<<20))
 	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s; control socket %s\n", len(mgr.Devices()), dir, sock)
 
 	done := make(chan struct{})
