@@ -24,18 +24,18 @@
 // as the read. The memory held for requests is therefore the number in
 // flight times MaxWrite, and Mount bounds both from Options.MemoryLimit
 // (PlanMemory; `dmfuse mount --memory-limit`, else GOMEMLIMIT, else 64 MiB):
-// half of the limit goes to request buffers; MaxWrite is the largest power
-// of two from 64 KiB to 1 MiB that leaves room for at least 128
-// asynchronous requests; MaxBackground (the kernel's cap on them) is as many
-// as fit, at most 256; go-fuse's MaxInflightRequestBytes holds synchronous
-// writers to the same bound. Requests beyond it wait in the kernel: I/O
-// slows, it does not fail. The 64 MiB default gives 128 KiB requests, 224
-// in flight and at most 32 MiB of request buffers; larger I/O is split into
-// 128 KiB requests. The io_uring transport's registered entries (one queue
-// per CPU, URingDepth entries of MaxWrite bytes) are sized from the same
-// half (see MemoryPlan). Once the devices have been idle for
-// Options.ReleaseAfter, the server returns the buffers go-fuse pooled to the
-// operating system.
+// half of the limit goes to request buffers; MaxWrite is 256 KiB, smaller
+// (down to 64 KiB) if fewer than 64 such requests fit, larger (up to 1 MiB)
+// if more than 256 do; MaxBackground (the kernel's cap on asynchronous
+// requests) is as many as fit, at most 256; go-fuse's
+// MaxInflightRequestBytes holds synchronous writers to the same bound.
+// Requests beyond it wait in the kernel: I/O slows, it does not fail. The
+// 64 MiB default gives 256 KiB requests, 117 in flight (on 2 CPUs) and at
+// most 32 MiB of request buffers; larger I/O is split into 256 KiB
+// requests. The io_uring transport's registered entries (one queue per CPU,
+// URingDepth entries of MaxWrite bytes) are sized from the same half (see
+// MemoryPlan). Once the devices have been idle for Options.ReleaseAfter, the
+// server returns the buffers go-fuse pooled to the operating system.
 package fs
 
 import (

@@ -12,8 +12,8 @@ import (
 )
 
 // DefaultMemoryLimit is the memory limit of a daemon that is given none: it
-// fits a container of 128 MiB with room to spare, and its half for requests
-// still lets 224 requests of 128 KiB be in flight at once.
+// fits a container of 128 MiB beside its workload, and its half for
+// requests still lets 117 requests of 256 KiB be in flight at once.
 const DefaultMemoryLimit = 64 << 20
 
 // Request sizes and queue depths the plan chooses from.
@@ -21,14 +21,19 @@ const (
 	// maxRequest is the largest READ or WRITE the kernel sends (its
 	// max_pages_limit is 256 pages).
 	maxRequest = 1 << 20
+	// goodRequest is the request size the plan aims for first: 1 MiB
+	// I/O split into 256 KiB requests moved as fast as with 1 MiB
+	// requests, into 128 KiB requests about 12% slower (docs/benchmarks.md,
+	// Memory).
+	goodRequest = 256 << 10
 	// minRequest is the smallest request size the plan goes down to.
 	minRequest = 64 << 10
 	// maxBackground is the kernel's in-flight asynchronous request cap
 	// when memory allows; enough to emulate deep queues on delay devices.
 	maxBackground = 256
-	// minBackground is where the plan stops trading depth for size: at
-	// least this many asynchronous requests stay possible.
-	minBackground = 128
+	// minBackground is the depth the plan keeps before it takes smaller
+	// requests: two jobs at queue depth 32 run without waiting.
+	minBackground = 64
 	// requestSlack is what a request holds beyond its payload, rounded
 	// up: go-fuse's input buffer is the payload plus the largest request
 	// header and 4 KiB of alignment slack, allocated in whole 8 KiB pages
@@ -90,11 +95,12 @@ func goFuseReaders() int {
 // PlanMemory works out the request sizes and depths of a mount from o's
 // MemoryLimit (0: DefaultMemoryLimit, negative: none): half of the limit is
 // the budget for request buffers; the other half is left to the daemon's
-// own data and to the garbage collector's headroom. It prefers large
-// requests (fewer round trips for large I/O) as long as at least 128
-// asynchronous requests fit, then smaller requests, down to 64 KiB; only a
-// very small limit lowers MaxBackground further. An explicit
-// Options.MaxBackground or URingDepth is kept.
+// own data and to the garbage collector's headroom. The plan takes 256 KiB
+// requests with as many in flight as fit, up to 256; with less room than
+// 64 of them, smaller requests (down to 64 KiB); with room to spare at 256
+// in flight, larger ones (up to 1 MiB). An explicit Options.MaxBackground
+// is kept, with the largest requests that fit it; an explicit URingDepth
+// is kept.
 func PlanMemory(o Options) MemoryPlan {
 	p := MemoryPlan{Limit: o.MemoryLimit, Readers: goFuseReaders(), URingQueues: uring.Queues()}
 	if p.Limit == 0 {
@@ -115,16 +121,27 @@ func PlanMemory(o Options) MemoryPlan {
 		return p
 	}
 	p.Budget = p.Limit / 2
+	// slots is how many requests of size fit the budget beside the readers.
 	slots := func(size int) int { return int(p.Budget/int64(size+requestSlack)) - p.Readers }
-	p.MaxWrite = minRequest
-	for size := maxRequest; size >= minRequest; size /= 2 {
-		if slots(size) >= minBackground || (o.MaxBackground > 0 && slots(size) >= o.MaxBackground) {
-			p.MaxWrite = size
-			break
+	if o.MaxBackground > 0 {
+		p.MaxWrite, p.MaxBackground = minRequest, o.MaxBackground
+		for size := maxRequest; size > minRequest; size /= 2 {
+			if slots(size) >= o.MaxBackground {
+				p.MaxWrite = size
+				break
+			}
 		}
-	}
-	p.MaxBackground = o.MaxBackground
-	if p.MaxBackground <= 0 {
+	} else {
+		p.MaxWrite = minRequest
+		for size := goodRequest; size >= minRequest; size /= 2 {
+			if slots(size) >= minBackground {
+				p.MaxWrite = size
+				break
+			}
+		}
+		for p.MaxWrite < maxRequest && slots(2*p.MaxWrite) >= maxBackground {
+			p.MaxWrite *= 2
+		}
 		p.MaxBackground = min(max(slots(p.MaxWrite), 16), maxBackground)
 	}
 	p.InflightBytes = (p.MaxBackground + p.Readers) * (p.MaxWrite + requestSlack)

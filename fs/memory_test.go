@@ -35,6 +35,9 @@ func TestPlanMemory(t *testing.T) {
 		if p.MaxBackground < minBackground && p.MaxWrite != minRequest {
 			t.Errorf("limit %d: MaxBackground %d below %d while requests (%d) could be smaller", limit, p.MaxBackground, minBackground, p.MaxWrite)
 		}
+		if p.MaxWrite > goodRequest && p.MaxBackground < maxBackground {
+			t.Errorf("limit %d: requests of %d KiB while MaxBackground %d is below %d", limit, p.MaxWrite>>10, p.MaxBackground, maxBackground)
+		}
 	}
 }
 
@@ -65,12 +68,12 @@ func TestPlanMemoryDefaults(t *testing.T) {
 		t.Errorf("no limit: %+v, want 1 MiB requests, 256 in flight, go-fuse unlimited", off)
 	}
 	// Explicit settings are kept.
-	p := PlanMemory(Options{MaxBackground: 64, URingDepth: 7})
-	if p.MaxBackground != 64 || p.URingDepth != 7 {
-		t.Errorf("explicit MaxBackground 64, URingDepth 7: got %d, %d", p.MaxBackground, p.URingDepth)
+	p := PlanMemory(Options{MaxBackground: 32, URingDepth: 7})
+	if p.MaxBackground != 32 || p.URingDepth != 7 {
+		t.Errorf("explicit MaxBackground 32, URingDepth 7: got %d, %d", p.MaxBackground, p.URingDepth)
 	}
-	if p.MaxWrite <= def.MaxWrite {
-		t.Errorf("MaxBackground 64 leaves room for larger requests than %d KiB, got %d KiB", def.MaxWrite>>10, p.MaxWrite>>10)
+	if p.MaxWrite <= def.MaxWrite || p.Bound > p.Budget {
+		t.Errorf("MaxBackground 32 leaves room for larger requests than %d KiB: got %d KiB, bound %d of %d", def.MaxWrite>>10, p.MaxWrite>>10, p.Bound, p.Budget)
 	}
 	mo := MountOptions(Options{})
 	if mo.MaxWrite != def.MaxWrite || mo.MaxBackground != def.MaxBackground || mo.MaxInflightRequestBytes != def.InflightBytes {

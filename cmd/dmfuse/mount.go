@@ -40,7 +40,7 @@ type MountCmd struct {
 	Transport   string        `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
 	EnableURing bool          `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
 	Poll        time.Duration `help:"Let each io_uring queue spin up to this long for the next request before sleeping (0: off)." default:"0"`
-	URingDepth  int           `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a 1 MiB buffer (0: default)." default:"0"`
+	URingDepth  int           `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 32)." default:"0"`
 
 	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
 }
