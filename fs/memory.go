@@ -64,6 +64,14 @@ const (
 // URingQueues x URingDepth buffers of MaxWrite bytes, mapped when first used;
 // its Bound is the larger of the two, because go-fuse still serves /dev/fuse
 // alongside.
+//
+// Bound is what requests in flight hold. go-fuse pools the buffers after use
+// (input buffers in one sync.Pool, reply buffers in one per size), where they
+// stay until the second collection after their last use: a burst of reads
+// after a burst of writes briefly holds both, up to about twice Bound. The
+// other half of the limit leaves room for that and for the collector's
+// headroom; the memory limit the caller sets makes collections frequent
+// under load, and the server's idle release empties the pools.
 type MemoryPlan struct {
 	// Limit is the memory limit the plan was made for (0: none).
 	Limit int64
