@@ -29,10 +29,10 @@
 //
 // With -ref REV it also builds dmfuse as of git revision REV (from `git
 // archive`, with the module cache), mounts it beside with the same devices
-// (and -ref-args), and runs each dmfuse device's job on it right after the
-// current build's: NAME@ref rows, and a column with the median of the
-// per-pair ratios current/ref, compare a change against the code before it
-// in one run.
+// (and -ref-args), and runs each dmfuse device's job on it next to the
+// current build's, the two taking turns at going first: NAME@ref rows, and a
+// column with the median of the per-pair ratios current/ref, to compare a
+// change against the code before it in one run.
 //
 // Everything it set up (fio, loop device, mounts, daemons, tmpfs, scratch
 // folder) is torn down on exit, on error and on SIGINT or SIGTERM.
@@ -251,23 +251,27 @@ func (b *bench) run(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
-				s, err := b.fio(ctx, j, d)
-				if err != nil {
-					return err
+				// With -ref, the two builds take turns at running
+				// first, so that neither gains from its place.
+				order := []string{d}
+				if b.ref != "" && isDmfuse(d) {
+					order = []string{d, d + "@ref"}
+					if p%2 == 1 {
+						order = []string{d + "@ref", d}
+					}
+				}
+				got := map[string]sample{}
+				for _, name := range order {
+					if got[name], err = b.fio(ctx, j, name); err != nil {
+						return err
+					}
+					res[j.name][name] = append(res[j.name][name], got[name])
+					ratios[j.name][name] = append(ratios[j.name][name], ratio(j, got[name], base))
 				}
 				res[j.name]["baseline"] = append(res[j.name]["baseline"], base)
-				res[j.name][d] = append(res[j.name][d], s)
-				ratios[j.name][d] = append(ratios[j.name][d], ratio(j, s, base))
-				if b.ref == "" || !isDmfuse(d) {
-					continue
+				if len(order) == 2 {
+					refs[j.name][d] = append(refs[j.name][d], ratio(j, got[d], got[d+"@ref"]))
 				}
-				rs, err := b.fio(ctx, j, d+"@ref")
-				if err != nil {
-					return err
-				}
-				res[j.name][d+"@ref"] = append(res[j.name][d+"@ref"], rs)
-				ratios[j.name][d+"@ref"] = append(ratios[j.name][d+"@ref"], ratio(j, rs, base))
-				refs[j.name][d] = append(refs[j.name][d], ratio(j, s, rs))
 			}
 			logf("%s: pair %d/%d done (%v)", j.name, p+1, b.pairs, time.Since(start).Round(time.Second))
 		}
