@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -14,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
@@ -32,14 +32,16 @@ const defaultImageSize = 1 << 30
 // MountCmd is `dmfuse mount`.
 type MountCmd struct {
 	Config      string `help:"Devices to create at start, in the dmsetup create --concise format (default: the embedded default set)." type:"path" placeholder:"FILE"`
-	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics (port 0: a free port, which the log names)." placeholder:"HOST:PORT"`
+	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics (port 0: a free port, which the log names): the devices' counters and the daemon's memory, goroutines and threads." placeholder:"HOST:PORT"`
+	MemoryLimit string `name:"memory-limit" help:"Memory the daemon stays under (Go's soft limit); half of it bounds the request buffers, and requests beyond wait in the kernel. Default: GOMEMLIMIT if set, else 64MiB; off for none." placeholder:"SIZE"`
+	Pprof       string `help:"Serve go tool pprof's profiles on http://HOST:PORT/debug/pprof/ (loopback addresses only)." placeholder:"HOST:PORT"`
 	AllowOther  bool   `help:"Let other users use the device files."`
 	Debug       bool   `help:"Log every FUSE request." hidden:""`
 
 	Transport   string        `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
 	EnableURing bool          `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
 	Poll        time.Duration `help:"Let each io_uring queue spin up to this long for the next request before sleeping (0: off)." default:"0"`
-	URingDepth  int           `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a 1 MiB buffer (0: default)." default:"0"`
+	URingDepth  int           `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 32)." default:"0"`
 
 	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
 }
@@ -56,6 +58,16 @@ func registry() *stack.Registry {
 
 // Run mounts, serves until a signal or an external unmount, and exits 0.
 func (c *MountCmd) Run(g *Globals) error {
+	limit, metricsLn, pprofLn, ferr := c.memoryAndDebug()
+	if ferr != nil {
+		return ferr
+	}
+	if metricsLn != nil {
+		defer metricsLn.Close()
+	}
+	if pprofLn != nil {
+		defer pprofLn.Close()
+	}
 	dir := c.Mountpoint
 	if err := clearStale(dir); err != nil {
 		return err
@@ -113,19 +125,10 @@ func (c *MountCmd) Run(g *Globals) error {
 		return err
 	}
 	defer ln.Close()
-	// The metrics address is bound before the mount too: a client may
-	// scrape as soon as the daemon says it serves, and an address in use
-	// fails the start. Port 0 picks a free port, which the log names.
-	var metricsLn net.Listener
-	if c.MetricsAddr != "" {
-		if metricsLn, err = net.Listen("tcp", c.MetricsAddr); err != nil {
-			return fmt.Errorf("metrics: %w", err)
-		}
-		defer metricsLn.Close()
-	}
 
 	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
-		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth})
+		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth,
+		MemoryLimit: limit, ReleaseAfter: releaseAfter})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
@@ -146,17 +149,19 @@ func (c *MountCmd) Run(g *Globals) error {
 			}
 			return out
 		})
+		defer metrics.UnregisterSet(memoryMetrics(srv), true)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", exp)
-		hs := &http.Server{Handler: mux}
-		go func() {
-			if err := hs.Serve(metricsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fmt.Fprintf(os.Stderr, "dmfuse: metrics: %v\n", err)
-			}
-		}()
-		defer hs.Close()
+		defer serveHTTP("metrics", metricsLn, mux)()
 		fmt.Fprintf(os.Stderr, "dmfuse: metrics on http://%s/metrics\n", metricsLn.Addr())
 	}
+	if pprofLn != nil {
+		defer serveHTTP("pprof", pprofLn, pprofMux())()
+		fmt.Fprintf(os.Stderr, "dmfuse: pprof on http://%s/debug/pprof/\n", pprofLn.Addr())
+	}
+	p := srv.Memory()
+	fmt.Fprintf(os.Stderr, "dmfuse: memory limit %s: requests up to %d KiB, %d in flight, request buffers at most %.1f MiB\n",
+		limitString(p.Limit), p.MaxWrite>>10, p.MaxBackground, float64(p.Bound)/(1<<20))
 	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s; control socket %s\n", len(mgr.Devices()), dir, sock)
 
 	done := make(chan struct{})
