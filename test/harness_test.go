@@ -159,8 +159,13 @@ func (d *daemon) path(name ...string) string {
 
 // stop sends sig and waits for the daemon to exit.
 func (d *daemon) stop(sig os.Signal) error {
-	if d.cmd.ProcessState != nil {
-		return nil
+	// A daemon that has exited already left its result in done (reading
+	// cmd.ProcessState here would race with the goroutine in Wait).
+	select {
+	case err := <-d.done:
+		d.done <- err
+		return err
+	default:
 	}
 	d.cmd.Process.Signal(sig)
 	select {
