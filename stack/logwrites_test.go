@@ -502,7 +502,9 @@ func lwList(t *testing.T, log []byte) string {
 		default:
 			out = append(out, fmt.Sprintf("flags%#x", e.Flags))
 		}
-		r.SkipData(e)
+		if err := r.SkipData(e); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return strings.Join(out, " ")
 }
@@ -681,7 +683,9 @@ func TestLogWritesTableStatusMessages(t *testing.T) {
 			marks = append(marks, e.Mark())
 			lens = append(lens, e.DataLen)
 		}
-		r.SkipData(e)
+		if err := r.SkipData(e); err != nil {
+			t.Fatal(err)
+		}
 	}
 	want := []string{"a", "b", strings.Repeat("x", 479), "nul", logwrites.EndMark}
 	if fmt.Sprint(marks) != fmt.Sprint(want) || lens[2] != 479 {

@@ -51,9 +51,9 @@ const CheckSize = 40
 // EndMark is the mark the target logs when it is destroyed.
 const EndMark = "dm-log-writes-end"
 
-// MinSectorSize and MaxSectorSize bound the log unit a Reader accepts: the
-// kernel writes the logical block size of the data device, a power of two
-// from 512 up.
+// MinSectorSize and MaxSectorSize bound the log unit of the target: the
+// kernel logs in units of the data device's logical block size, a power of
+// two from 512 up. A Reader takes units from CheckSize to MaxSectorSize.
 const (
 	MinSectorSize = 512
 	MaxSectorSize = 1 << 20

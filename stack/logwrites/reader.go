@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/bits"
 	"os"
 	"unsafe"
 
@@ -55,12 +54,12 @@ func (e *VersionError) Error() string {
 	return fmt.Sprintf("log format version %d, want %d", e.Version, Version)
 }
 
-// SectorSizeError is a super whose log unit is not a power of two between
-// MinSectorSize and MaxSectorSize.
+// SectorSizeError is a super whose log unit is smaller than a header
+// (CheckSize) or larger than MaxSectorSize.
 type SectorSizeError struct{ SectorSize uint32 }
 
 func (e *SectorSizeError) Error() string {
-	return fmt.Sprintf("log unit of %d bytes in the super: want a power of two from %d to %d", e.SectorSize, MinSectorSize, MaxSectorSize)
+	return fmt.Sprintf("log unit of %d bytes in the super: want %d to %d", e.SectorSize, CheckSize, MaxSectorSize)
 }
 
 // Entry is one entry header as read.
@@ -114,8 +113,11 @@ func Open(src io.ReaderAt, size int64, window int) (*Reader, error) {
 	if sb.Version != Version {
 		return nil, &VersionError{Version: sb.Version}
 	}
+	// The kernel writes a power of two from 512 up; replay-log takes any
+	// size, and so does the Reader, within bounds that keep its buffers
+	// small.
 	s := sb.SectorSize
-	if s < MinSectorSize || s > MaxSectorSize || s&(s-1) != 0 {
+	if s < CheckSize || s > MaxSectorSize {
 		return nil, &SectorSizeError{SectorSize: s}
 	}
 	if window <= 0 {
@@ -165,28 +167,40 @@ func (r *Reader) Next(need int) (*Entry, error) {
 	return e, nil
 }
 
-// DataLen returns the length in bytes of the data that follows e's header:
-// NrSectors units, or 0 for entries without data. ok is false when that
-// length does not fit in an int64 (a garbage header).
-func (r *Reader) DataLen(e *Entry) (n int64, ok bool) {
+// DataLen returns the length in bytes of the data that follows e's
+// header: NrSectors log units for an entry with data, else 0. It is
+// computed as replay-log computes it, modulo 2^64, so that a garbage header
+// is walked exactly as replay-log walks it.
+func (r *Reader) DataLen(e *Entry) uint64 {
 	if !e.HasData() {
-		return 0, true
+		return 0
 	}
-	hi, lo := bits.Mul64(e.NrSectors, uint64(r.s))
-	if hi != 0 || lo > math.MaxInt64 {
-		return 0, false
-	}
-	return int64(lo), true
+	return e.NrSectors * uint64(r.s)
 }
 
+// SeekError is a move past an entry's data that lands before the start of
+// the log or past the largest offset: lseek(2) fails there with EINVAL.
+type SeekError struct {
+	Pos int64  // where the move started
+	Len uint64 // its length
+}
+
+func (e *SeekError) Error() string {
+	return fmt.Sprintf("entry data of %d bytes from byte %d runs past the largest file offset", e.Len, e.Pos)
+}
+
+// Unwrap returns EINVAL, as lseek does.
+func (e *SeekError) Unwrap() error { return unix.EINVAL }
+
 // SkipData moves Pos past e's data without reading it.
-func (r *Reader) SkipData(e *Entry) {
-	n, ok := r.DataLen(e)
-	if !ok || r.pos > math.MaxInt64-n {
-		r.pos = math.MaxInt64 // nothing is readable there: the next read is short
-		return
+func (r *Reader) SkipData(e *Entry) error {
+	n := r.DataLen(e)
+	np := int64(uint64(r.pos) + n)
+	if np < 0 {
+		return &SeekError{Pos: r.pos, Len: n}
 	}
-	r.pos += n
+	r.pos = np
+	return nil
 }
 
 // Data streams e's data, in order, to fn in chunks of at most the window's
@@ -194,12 +208,12 @@ func (r *Reader) SkipData(e *Entry) {
 // of the data), and moves Pos past it. When the log's size is known, data
 // that would run past its end fails before fn is called.
 func (r *Reader) Data(e *Entry, fn func(chunk []byte, off int64) error) error {
-	n, ok := r.DataLen(e)
-	if !ok || r.pos > math.MaxInt64-n || r.size >= 0 && r.pos+n > r.size {
+	n := r.DataLen(e)
+	if n > math.MaxInt64 || r.pos > math.MaxInt64-int64(n) || r.size >= 0 && r.pos+int64(n) > r.size {
 		return &ReadError{What: "data", Pos: r.pos}
 	}
-	for done := int64(0); done < n; {
-		want := int(min(n-done, int64(len(r.win))))
+	for done := int64(0); done < int64(n); {
+		want := int(min(int64(n)-done, int64(len(r.win))))
 		chunk, err := r.view(r.pos+done, want, want)
 		if err != nil {
 			return &ReadError{What: "data", Pos: r.pos + done, Err: err}
@@ -212,7 +226,7 @@ func (r *Reader) Data(e *Entry, fn func(chunk []byte, off int64) error) error {
 		}
 		done += int64(want)
 	}
-	r.pos += n
+	r.pos += int64(n)
 	return nil
 }
 
@@ -232,9 +246,6 @@ func (r *Reader) view(off int64, n, need int) ([]byte, error) {
 		r.wLen = 0
 	}
 	r.wOff = off
-	if off == math.MaxInt64 {
-		return nil, nil
-	}
 	m, err := r.src.ReadAt(r.win[r.wLen:], off+int64(r.wLen))
 	r.wLen += m
 	if err == io.EOF || r.wLen >= need {
