@@ -385,7 +385,7 @@ func (rl *rlog) entryError(err error) bool {
 // skipData moves past e's data as replay-log's lseek does: the log's file
 // system (or block device) decides how far a file offset may go.
 func (rl *rlog) skipData(e *logwrites.Entry) error {
-	if rl.r.DataLen(e) == 0 {
+	if n, ok := rl.r.DataLen(e); ok && n == 0 {
 		return nil
 	}
 	if err := rl.r.SkipData(e); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"os"
 	"unsafe"
 
@@ -168,25 +169,27 @@ func (r *Reader) Next(need int) (*Entry, error) {
 }
 
 // DataLen returns the length in bytes of the data that follows e's
-// header: NrSectors log units for an entry with data, else 0. It is
-// computed as replay-log computes it, modulo 2^64, so that a garbage header
-// is walked exactly as replay-log walks it.
-func (r *Reader) DataLen(e *Entry) uint64 {
+// header: NrSectors log units for an entry with data, else 0. ok is false
+// when that does not fit in 64 bits (a garbage header; replay-log would
+// compute it modulo 2^64 and could walk backwards into a loop).
+func (r *Reader) DataLen(e *Entry) (n uint64, ok bool) {
 	if !e.HasData() {
-		return 0
+		return 0, true
 	}
-	return e.NrSectors * uint64(r.s)
+	hi, lo := bits.Mul64(e.NrSectors, uint64(r.s))
+	return lo, hi == 0
 }
 
-// SeekError is a move past an entry's data that lands before the start of
-// the log or past the largest offset: lseek(2) fails there with EINVAL.
+// SeekError is a move past an entry's data that cannot be made: its length
+// overflows, or it ends past the largest file offset (lseek(2) fails there
+// with EINVAL).
 type SeekError struct {
-	Pos int64  // where the move started
-	Len uint64 // its length
+	Pos       int64 // where the move started
+	NrSectors uint64
 }
 
 func (e *SeekError) Error() string {
-	return fmt.Sprintf("entry data of %d bytes from byte %d runs past the largest file offset", e.Len, e.Pos)
+	return fmt.Sprintf("entry data of %d units from byte %d runs past the largest file offset", e.NrSectors, e.Pos)
 }
 
 // Unwrap returns EINVAL, as lseek does.
@@ -194,12 +197,11 @@ func (e *SeekError) Unwrap() error { return unix.EINVAL }
 
 // SkipData moves Pos past e's data without reading it.
 func (r *Reader) SkipData(e *Entry) error {
-	n := r.DataLen(e)
-	np := int64(uint64(r.pos) + n)
-	if np < 0 {
-		return &SeekError{Pos: r.pos, Len: n}
+	n, ok := r.DataLen(e)
+	if !ok || n > uint64(math.MaxInt64-r.pos) {
+		return &SeekError{Pos: r.pos, NrSectors: e.NrSectors}
 	}
-	r.pos = np
+	r.pos += int64(n)
 	return nil
 }
 
@@ -208,8 +210,8 @@ func (r *Reader) SkipData(e *Entry) error {
 // of the data), and moves Pos past it. When the log's size is known, data
 // that would run past its end fails before fn is called.
 func (r *Reader) Data(e *Entry, fn func(chunk []byte, off int64) error) error {
-	n := r.DataLen(e)
-	if n > math.MaxInt64 || r.pos > math.MaxInt64-int64(n) || r.size >= 0 && r.pos+int64(n) > r.size {
+	n, ok := r.DataLen(e)
+	if !ok || n > uint64(math.MaxInt64-r.pos) || r.size >= 0 && r.pos+int64(n) > r.size {
 		return &ReadError{What: "data", Pos: r.pos}
 	}
 	for done := int64(0); done < int64(n); {
