@@ -23,8 +23,19 @@ type ReplayLogCmd struct {
 	Args []string `arg:"" optional:"" help:"replay-log's options: --log LOG [--replay DEV] [--limit N] [--next-flush] [--next-fua] [--start-entry N|--start-mark M] [--end-mark M] [--find] [--num-entries] [--no-discard] [--check fua|flush|discard|N --fsck CMD] [--start-sector S] [--end-sector S] [-v|-vv], and --each fua|flush|discard|N --fsck CMD [--each-from MARK] [--json]."`
 }
 
-// Run runs replay-log and exits with its status.
+// Run runs replay-log and exits with its status. As a dmfuse verb it also
+// answers --help (and -h) with its usage on standard output; replay-log has
+// no such option.
 func (c *ReplayLogCmd) Run(*Globals) error {
+	for _, a := range c.Args {
+		if a == "--" {
+			break
+		}
+		if a == "--help" || a == "-h" {
+			fmt.Print(replayLogUsage)
+			os.Exit(0)
+		}
+	}
 	os.Exit(replayLog(append([]string{"dmfuse replay-log"}, c.Args...), os.Stdout, os.Stderr))
 	return nil
 }
