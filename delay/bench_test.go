@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
 // benchTarget returns a 3-argument delay target on the process's scheduler.
@@ -21,8 +22,7 @@ func benchTarget(b *testing.B, delay string) *Target {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dev := stack.NewMemDevice("m", 1<<20)
-	ctor := &stack.Ctor{Len: 2048, Open: func(string) (stack.BlockDevice, error) { return dev, nil }}
+	ctor := &stack.Ctor{Len: 2048, Open: stacktest.Opener{"m": stacktest.NewMemDevice("m", 1<<20)}.Open}
 	tg, err := New(s, ctor, []string{"m", "0", delay})
 	if err != nil {
 		b.Fatal(err)

@@ -37,12 +37,10 @@ func NewType(s *Scheduler) *stack.TargetType {
 	}
 }
 
-// class is one of the read, write and flush classes: where its I/O goes and
-// how long it waits.
+// class is one of the read, write and flush classes: the stack.Remap its I/O
+// passes through once it has waited, and how long it waits.
 type class struct {
-	dev   stack.BlockDevice
-	off   int64 // bytes
-	sec   int64 // the offset as given, in sectors
+	stack.Remap
 	ms    float64
 	delay int64 // ns; 0 passes straight through
 }
@@ -59,11 +57,9 @@ var (
 	_ stack.Target       = (*Target)(nil)
 	_ stack.Flusher      = (*Target)(nil)
 	_ stack.Discarder    = (*Target)(nil)
-	_ stack.ZeroWriter   = (*Target)(nil)
 	_ stack.Presuspender = (*Target)(nil)
 	_ stack.Resumer      = (*Target)(nil)
 	_ stack.MapAccounter = (*Target)(nil)
-	_ stack.DeviceLister = (*Target)(nil)
 )
 
 // New constructs a delay target served by s. The table syntax is dm-delay's:
@@ -72,12 +68,16 @@ var (
 //	<rdev> <roff> <rdelay> <wdev> <woff> <wdelay>                     (6 args)
 //	<rdev> <roff> <rdelay> <wdev> <woff> <wdelay> <fdev> <foff> <fdelay>  (9 args)
 //
-// Reads use the first triple; writes, discards and write-zeroes the second
-// (the first with 3 args); flushes the third (the write triple with 6 args,
-// the only one with 3). Offsets are sectors into the device. Delays are
-// milliseconds up to 4294967295; unlike dm-delay, dmfuse also accepts a
-// decimal fraction (0.25), kept to the nanosecond. A delay of 0 passes the
-// class through without waiting.
+// Reads use the first triple; writes and discards the second (the first
+// with 3 args); flushes the third (the write triple with 6 args, the only
+// one with 3). Offsets are sectors into the device. Delays are milliseconds
+// up to 4294967295; unlike dm-delay, dmfuse also accepts a decimal fraction
+// (0.25), kept to the nanosecond. A delay of 0 passes the class through
+// without waiting.
+//
+// dm-delay takes discards but not write-zeroes (drivers/md/dm-delay.c:
+// delay_ctr sets num_flush_bios and num_discard_bios only), so ZERO_RANGE
+// reaches it as writes of zeros, delayed as writes.
 func New(s *Scheduler, c *stack.Ctor, args []string) (*Target, error) {
 	n := len(args)
 	if n != 3 && n != 6 && n != 9 {
@@ -101,9 +101,10 @@ func New(s *Scheduler, c *stack.Ctor, args []string) (*Target, error) {
 	return t, nil
 }
 
-// newClass parses one `<dev> <offset> <delay>` triple in dm-delay's order:
-// offset, delay, then the device lookup. first is the index of args[0] among
-// all the arguments.
+// newClass parses one `<dev> <offset> <delay>` triple in the order of
+// drivers/md/dm-delay.c: delay_class_ctr: offset, delay, then the device
+// lookup (stack.OpenRemap, which also checks the area). first is the index
+// of args[0] among all the arguments.
 func newClass(c *stack.Ctor, args []string, first int) (*class, error) {
 	sec, err := stack.ParseSector(args[1])
 	if err != nil {
@@ -113,16 +114,11 @@ func newClass(c *stack.Ctor, args []string, first int) (*class, error) {
 	if err != nil {
 		return nil, stack.Errorf("Invalid delay: argument %d %q", first+3, args[2])
 	}
-	dev, err := c.Open(args[0])
+	r, err := stack.OpenRemap(c, args[0], sec, c.Len)
 	if err != nil {
-		return nil, &stack.ArgError{Reason: "Device lookup failed: " + strconv.Quote(args[0]) + ": " + err.Error(),
-			Errno: errnoOf(err, syscall.ENODEV)}
+		return nil, err
 	}
-	if size := dev.Size() / stack.SectorSize; sec+c.Len > size {
-		return nil, stack.Errorf("%s too small for target: start=%d, len=%d, dev_size=%d",
-			dev.Name(), sec, c.Len, size)
-	}
-	return &class{dev: dev, off: sec * stack.SectorSize, sec: sec, ms: ms, delay: int64(math.Round(ms * 1e6))}, nil
+	return &class{Remap: r, ms: ms, delay: int64(math.Round(ms * 1e6))}, nil
 }
 
 // errnoOf returns the errno err carries, or def.
@@ -187,7 +183,7 @@ func (t *Target) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := t.wait(ctx, c, classRead); err != nil {
 		return 0, err
 	}
-	return c.dev.ReadAt(ctx, p, c.off+off)
+	return c.ReadAt(ctx, p, off)
 }
 
 // WriteAt delays the write by the write delay, then writes to the write device.
@@ -196,7 +192,7 @@ func (t *Target) WriteAt(ctx context.Context, p []byte, off int64) (int, error) 
 	if err := t.wait(ctx, c, classWrite); err != nil {
 		return 0, err
 	}
-	return c.dev.WriteAt(ctx, p, c.off+off)
+	return c.WriteAt(ctx, p, off)
 }
 
 // Flush delays the flush by the flush delay, then flushes the flush device.
@@ -205,7 +201,7 @@ func (t *Target) Flush(ctx context.Context) error {
 	if err := t.wait(ctx, c, classFlush); err != nil {
 		return err
 	}
-	return c.dev.Flush(ctx)
+	return c.Flush(ctx)
 }
 
 // Discard is a write for dm-delay: delayed by the write delay, then passed
@@ -215,17 +211,7 @@ func (t *Target) Discard(ctx context.Context, off, n int64) error {
 	if err := t.wait(ctx, c, classWrite); err != nil {
 		return err
 	}
-	return c.dev.Discard(ctx, c.off+off, n)
-}
-
-// WriteZeroes is a write for dm-delay: delayed by the write delay, then
-// passed to the write device.
-func (t *Target) WriteZeroes(ctx context.Context, off, n int64) error {
-	c := t.cls[classWrite]
-	if err := t.wait(ctx, c, classWrite); err != nil {
-		return err
-	}
-	return c.dev.WriteZeroes(ctx, c.off+off, n)
+	return c.Discard(ctx, off, n)
 }
 
 // Status returns, for StatusTable, the read triple, then the write triple
@@ -248,9 +234,7 @@ func (t *Target) Status(st stack.StatusType) string {
 		if i > 0 {
 			b = append(b, ' ')
 		}
-		b = append(b, stack.EscapeArg(c.dev.Name())...)
-		b = append(b, ' ')
-		b = strconv.AppendInt(b, c.sec, 10)
+		b = append(b, c.Table()...)
 		b = append(b, ' ')
 		b = append(b, FormatDelay(c.ms)...)
 	}
@@ -266,22 +250,6 @@ func (t *Target) Presuspend(noflush bool) { t.q.flush() }
 
 // Resume delays again.
 func (t *Target) Resume() { t.q.resume() }
-
-// Devices returns the distinct devices of the classes.
-func (t *Target) Devices() []stack.BlockDevice {
-	var out []stack.BlockDevice
-	for i := 0; i < t.nargs/3; i++ {
-		d := t.cls[i].dev
-		dup := false
-		for _, o := range out {
-			dup = dup || o.Name() == d.Name()
-		}
-		if !dup {
-			out = append(out, d)
-		}
-	}
-	return out
-}
 
 // Close releases what is still queued and lets the scheduler stop if this
 // was its last target.

@@ -1,5 +1,5 @@
-// Package delay is dmfuse's delay target (dm-delay v1.5.0, spec §2.5) and the
-// deadline scheduler that serves it.
+// Package delay is dmfuse's delay target (drivers/md/dm-delay.c, v1.5.0) and
+// the deadline scheduler that serves it.
 //
 // # Target
 //

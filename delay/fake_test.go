@@ -2,13 +2,12 @@ package delay
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
 // fakeClock is a manual Clock: time moves only by Advance, and Wait blocks
@@ -91,14 +90,14 @@ type rig struct {
 	t     testing.TB
 	clock *fakeClock
 	s     *Scheduler
-	devs  map[string]*stack.MemDevice
+	devs  map[string]*stacktest.MemDevice
 
 	relMu    sync.Mutex
 	released []uint64 // seq of released waiters, in release order
 }
 
 func newRig(t testing.TB) *rig {
-	r := &rig{t: t, clock: newFakeClock(), devs: map[string]*stack.MemDevice{}}
+	r := &rig{t: t, clock: newFakeClock(), devs: map[string]*stacktest.MemDevice{}}
 	r.s = NewScheduler(r.clock)
 	r.s.onRelease = func(w *waiter) {
 		r.relMu.Lock()
@@ -106,18 +105,17 @@ func newRig(t testing.TB) *rig {
 		r.relMu.Unlock()
 	}
 	for _, n := range []string{"8:16", "8:32", "8:48"} {
-		r.devs[n] = stack.NewMemDevice(n, 4096*stack.SectorSize)
+		r.devs[n] = stacktest.NewMemDevice(n, 4096*stack.SectorSize)
 	}
 	return r
 }
 
 func (r *rig) ctor(length int64) *stack.Ctor {
-	return &stack.Ctor{Begin: 0, Len: length, Open: func(arg string) (stack.BlockDevice, error) {
-		if d, ok := r.devs[arg]; ok {
-			return d, nil
-		}
-		return nil, fmt.Errorf("%s: %w", arg, syscall.ENODEV)
-	}}
+	open := stacktest.Opener{}
+	for n, d := range r.devs {
+		open[n] = d
+	}
+	return &stack.Ctor{Begin: 0, Len: length, Open: open.Open}
 }
 
 // target builds a delay target of 2048 sectors from a parameter string.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
 func TestRealClockWake(t *testing.T) {
@@ -33,11 +34,7 @@ func TestRealSchedulerConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	devs := map[string]*stack.MemDevice{
-		"r": stack.NewMemDevice("r", 1<<20),
-		"w": stack.NewMemDevice("w", 1<<20),
-	}
-	ctor := &stack.Ctor{Len: 1024, Open: func(a string) (stack.BlockDevice, error) { return devs[a], nil }}
+	ctor := &stack.Ctor{Len: 1024, Open: stacktest.Opener{"w": stacktest.NewMemDevice("w", 1<<20)}.Open}
 	tg, err := New(s, ctor, []string{"w", "0", "0.02", "w", "0", "0.05"})
 	if err != nil {
 		t.Fatal(err)

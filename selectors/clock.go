@@ -3,12 +3,14 @@ package selectors
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/dmfuse/dmfuse/stack/clock"
 )
 
-// Clock returns monotonic nanoseconds. Selectors never read the wall clock; the
-// multipath target takes each I/O's start stamp from the same Clock at map time
-// and hands it back to EndIO.
-type Clock interface{ Nanotime() int64 }
+// Clock returns monotonic nanoseconds (clock.Clock). Selectors never read the
+// wall clock; the multipath target takes each I/O's start stamp from the same
+// Clock at map time and hands it back to EndIO.
+type Clock = clock.Clock
 
 // SystemClock is the monotonic clock used outside tests. It has nanosecond
 // resolution and, on Linux, the same origin as the kernel's ktime_get_ns()

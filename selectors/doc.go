@@ -1,8 +1,10 @@
 // Package selectors implements device-mapper's multipath path selectors:
 // round-robin, queue-length, service-time and historical-service-time (HST),
 // with the kernel's arguments, algorithms, fixed-point arithmetic, comparison
-// order and status strings (spec §3.1-3.4). The multipath target owns the
-// priority groups and paths; a selector only sees opaque *Path values.
+// order and status strings (drivers/md/dm-ps-round-robin.c,
+// dm-ps-queue-length.c, dm-ps-service-time.c and
+// dm-ps-historical-service-time.c). The multipath target owns the priority
+// groups and paths; a selector only sees opaque *Path values.
 //
 // # Use
 //

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 )
 
 // historical-service-time (dm-ps-historical-service-time.c, version 0.1.1).
@@ -55,7 +57,7 @@ func newHST(args []string, c Clock) (Selector, error) {
 	}
 	base := uint32(hstFixed95)
 	if len(args) > 0 {
-		v, ok := parseUint(args[0])
+		v, ok := dmarg.Uint32(args[0])
 		if !ok || v >= hstFixed1 {
 			reason := "must be 0..1023"
 			if !ok {
@@ -67,7 +69,7 @@ func newHST(args []string, c Clock) (Selector, error) {
 	}
 	var threshold uint32
 	if len(args) > 1 {
-		v, ok := parseUint(args[1])
+		v, ok := dmarg.Uint32(args[1])
 		if !ok {
 			return nil, &ArgError{Selector: name, Arg: "threshold_multiplier", Value: args[1],
 				Reason: "not an unsigned decimal integer", Kernel: KernelCtrFailed}

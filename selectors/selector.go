@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 )
 
 // StatusType selects which form of status a selector prints.
@@ -124,43 +126,6 @@ func (e *ArgError) Unwrap() error { return syscall.EINVAL }
 // function fails.
 const KernelCtrFailed = "path selector constructor failed"
 
-// parseUint is the kernel's sscanf(arg, "%u%c", &v, &dummy) == 1: optional
-// leading white space (kernel isspace, which includes 0xA0), then decimal
-// digits and nothing after them. No sign is accepted. Like the kernel, an
-// over-long number wraps modulo 2^64 and is then stored into an unsigned int,
-// so "4294967297" reads as 1. A NUL ends the string, as in C.
-func parseUint(s string) (uint32, bool) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			s = s[:i]
-			break
-		}
-	}
-	i := 0
-	for i < len(s) && kernelSpace(s[i]) {
-		i++
-	}
-	if i == len(s) || s[i] < '0' || s[i] > '9' {
-		return 0, false
-	}
-	var v uint64
-	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-		v = v*10 + uint64(s[i]-'0')
-	}
-	if i != len(s) { // "%c" matched a trailing character
-		return 0, false
-	}
-	return uint32(v), true
-}
-
-func kernelSpace(c byte) bool {
-	switch c {
-	case ' ', '\t', '\n', '\v', '\f', '\r', 0xa0:
-		return true
-	}
-	return false
-}
-
 // parseRepeatCount parses the per-path args "[repeat_count]" (maxArgs 1) or
 // the first of "[repeat_count [relative_throughput]]" (maxArgs 2) with the
 // kernel's texts. It returns the repeat count as given (callers clamp).
@@ -171,7 +136,7 @@ func parseRepeatCount(name string, args []string, maxArgs int) (uint32, error) {
 	}
 	rc := uint32(1) // *_MIN_IO
 	if len(args) > 0 {
-		v, ok := parseUint(args[0])
+		v, ok := dmarg.Uint32(args[0])
 		if !ok {
 			return 0, &ArgError{Selector: name, Arg: "repeat_count", Value: args[0],
 				Reason: "not an unsigned decimal integer", Kernel: name + " ps: invalid repeat count"}

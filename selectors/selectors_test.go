@@ -83,9 +83,9 @@ func TestRegistry(t *testing.T) {
 	}
 }
 
-// groupTable and groupStatus render one priority group the way dm-mpath does
-// (spec §2.8), so the selector parts of the spec §5.1 vectors can be checked
-// verbatim.
+// groupTable and groupStatus render one priority group the way
+// drivers/md/dm-mpath.c: multipath_status does, so the selector parts of whole
+// multipath status lines can be checked verbatim.
 func groupTable(typ *Type, s Selector, ps []*Path) string {
 	var b strings.Builder
 	b.WriteString(typ.Name + " " + s.Status(nil, StatusTable))
@@ -413,28 +413,5 @@ func TestConstructorErrors(t *testing.T) {
 	// Group args are ignored by the other selectors.
 	for _, n := range []string{"round-robin", "queue-length", "service-time"} {
 		newSel(t, n, []string{"whatever", "1", "2", "3"}, nil)
-	}
-}
-
-func TestParseUint(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want uint32
-		ok   bool
-	}{
-		{"0", 0, true}, {"1", 1, true}, {"972", 972, true}, {"007", 7, true},
-		{"4294967295", 4294967295, true},
-		{"4294967296", 0, true},                               // stored into an unsigned int
-		{"4294967297", 1, true},                               //
-		{"18446744073709551617", 1, true},                     // wraps modulo 2^64 first
-		{" 5", 5, true}, {"\t5", 5, true}, {"\xa05", 5, true}, // %u skips leading white space
-		{"5\x00junk", 5, true}, // C string ends at NUL
-		{"", 0, false}, {" ", 0, false}, {"+1", 0, false}, {"-1", 0, false},
-		{"5 ", 0, false}, {"5x", 0, false}, {"0x10", 0, false}, {"1e3", 0, false}, {"x", 0, false},
-	} {
-		got, ok := parseUint(tc.in)
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("parseUint(%q) = %d, %v; want %d, %v", tc.in, got, ok, tc.want, tc.ok)
-		}
 	}
 }

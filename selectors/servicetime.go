@@ -1,6 +1,10 @@
 package selectors
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/dmfuse/dmfuse/stack/dmarg"
+)
 
 // service-time (dm-ps-service-time.c, version 0.3.0).
 //
@@ -41,7 +45,7 @@ func (s *serviceTime) AddPath(p *Path, args []string) error {
 	}
 	rt := uint32(1)
 	if len(args) == 2 {
-		v, ok := parseUint(args[1])
+		v, ok := dmarg.Uint32(args[1])
 		if !ok || v > stMaxRelativeThroughput {
 			reason := "must be 0..100"
 			if !ok {

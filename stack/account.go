@@ -50,11 +50,11 @@ func (p *piece) startAcct() {
 	}
 }
 
-// finish ends accounting by the rules of spec §4.4 and returns p to the pool:
-// a piece whose accounting started is counted even when it failed; one that
-// never started is counted only when it succeeded (the target completed it
-// itself); a piece that failed without starting was killed at map time and
-// counts nothing.
+// finish ends accounting as drivers/md/dm.c: __dm_io_complete does and returns
+// p to the pool: a piece whose accounting started is counted even when it
+// failed; one that never started is counted only when it succeeded (the target
+// completed it itself); a piece that failed without starting was killed at map
+// time and counts nothing.
 func (p *piece) finish(bytes int64, err error) {
 	if err == nil && p.started.CompareAndSwap(false, true) {
 		p.reg = p.disk.StartAt(p.op, p.start, p.at[0], p.at[1])

@@ -1,8 +1,9 @@
 package stack
 
 import (
-	"strconv"
 	"strings"
+
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 )
 
 // SplitArgs splits a target's parameter string into arguments as the kernel
@@ -88,15 +89,17 @@ func (a *Args) Skip(n int) {
 	a.args = a.args[n:]
 }
 
-// Uint consumes one unsigned 32-bit decimal in [min, max] (dm_read_arg);
-// on failure it returns an *ArgError with reason errMsg.
+// Uint consumes one number in [min, max], read as the kernel's dm_read_arg
+// reads it (sscanf "%u%c": leading white space skipped, no sign, wrapping to
+// 32 bits; see package dmarg); on failure it returns an *ArgError with reason
+// errMsg.
 func (a *Args) Uint(min, max uint32, errMsg string) (uint32, error) {
 	s, ok := a.Next()
 	if !ok {
 		return 0, Errorf("%s", errMsg)
 	}
-	v, err := ParseUint32(s)
-	if err != nil || v < min || v > max {
+	v, ok := dmarg.Uint32(s)
+	if !ok || v < min || v > max {
 		return 0, Errorf("%s", errMsg)
 	}
 	return v, nil
@@ -116,23 +119,24 @@ func (a *Args) Group(min, max uint32, errMsg string) (uint32, error) {
 }
 
 // ParseUint32 parses an unsigned 32-bit decimal as the kernel's kstrtouint
-// does: the whole token must be a number; a leading '+' is allowed.
-func ParseUint32(s string) (uint32, error) {
-	v, err := strconv.ParseUint(strings.TrimPrefix(s, "+"), 10, 32)
-	return uint32(v), err
-}
+// does (dmarg.Kstrtouint): the whole word is the number, one leading '+' and
+// one trailing newline are allowed, a value too large is an error.
+func ParseUint32(s string) (uint32, error) { return dmarg.Kstrtouint(s) }
 
-// ParseUint64 parses an unsigned 64-bit decimal (kstrtoull, sscanf "%llu%c").
-func ParseUint64(s string) (uint64, error) {
-	return strconv.ParseUint(strings.TrimPrefix(s, "+"), 10, 64)
-}
+// ParseUint64 parses an unsigned 64-bit decimal as the kernel's kstrtoull
+// does (dmarg.Kstrtoull).
+func ParseUint64(s string) (uint64, error) { return dmarg.Kstrtoull(s) }
 
-// ParseSector parses a sector number used as an offset into a device; the
-// result must fit in bytes as an int64.
+// ParseSector parses a sector number used as an offset into a device as the
+// kernel's targets read it, with sscanf "%llu%c" (dmarg.Uint64); the result
+// must also fit in bytes as an int64.
 func ParseSector(s string) (int64, error) {
-	v, err := ParseUint64(s)
-	if err != nil || v > maxSectors {
-		return 0, strconv.ErrRange
+	v, ok := dmarg.Uint64(s)
+	if !ok {
+		return 0, dmarg.ErrInvalid
+	}
+	if v > maxSectors {
+		return 0, dmarg.ErrRange
 	}
 	return int64(v), nil
 }

@@ -10,34 +10,6 @@ import (
 	"github.com/dmfuse/dmfuse/stats"
 )
 
-// benchDevice makes a live device with table text over devs, which may hold
-// memory devices or other mapped devices.
-func benchDevice(b *testing.B, text string, devs map[string]BlockDevice) *Device {
-	b.Helper()
-	d := newDevice("bench", "", 0, 1, false, stats.SystemClock)
-	d.gate.blocked.Store(true)
-	d.mu.suspended = true
-	lines, err := ParseTable(text)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tb, err := Build(lines, BuildOptions{Registry: testRegistry(b), Clock: stats.SystemClock, Context: context.Background(),
-		Open: func(arg string) (BlockDevice, error) {
-			if m, ok := devs[arg]; ok {
-				return m, nil
-			}
-			return nil, Errorf("Device lookup failed")
-		}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	d.Load(tb)
-	if err := d.Resume(); err != nil {
-		b.Fatal(err)
-	}
-	return d
-}
-
 const benchSize = 64 << 20 // bytes of each benchmark device
 
 // benchTables are the devices of the target benchmarks, each over fresh
@@ -94,7 +66,7 @@ func BenchmarkTarget(b *testing.B) {
 					op = "write"
 				}
 				b.Run(fmt.Sprintf("%s/%s/%dk", tc.name, op, size>>10), func(b *testing.B) {
-					benchIO(b, benchDevice(b, tc.table, memDevs()), write, size)
+					benchIO(b, liveDevice(b, tc.table, memDevs(), nil), write, size)
 				})
 			}
 		}
@@ -110,9 +82,9 @@ func BenchmarkStack3(b *testing.B) {
 			op = "write"
 		}
 		b.Run(op, func(b *testing.B) {
-			d := benchDevice(b, "0 131072 linear a 0", memDevs())
+			d := liveDevice(b, "0 131072 linear a 0", memDevs(), nil)
 			for range 2 {
-				d = benchDevice(b, "0 131072 linear a 0", map[string]BlockDevice{"a": d})
+				d = liveDevice(b, "0 131072 linear a 0", map[string]BlockDevice{"a": d}, nil)
 			}
 			benchIO(b, d, write, 4<<10)
 		})

@@ -114,6 +114,9 @@ func conciseDevice(f []string, line int) (ConfigDevice, error) {
 	if err := ValidName(d.Name); err != nil {
 		return fail("%v", err)
 	}
+	if err := ValidUUID(d.UUID); err != nil {
+		return fail("%s: %v", d.Name, err)
+	}
 	if f[2] != "" {
 		v, err := strconv.ParseUint(f[2], 10, 20)
 		if err != nil {

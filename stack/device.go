@@ -30,10 +30,10 @@ type Device struct {
 	holders atomic.Int32 // live or inactive tables of other devices that stack on this one
 	events  atomic.Uint32
 
-	// ctl serialises control operations (load, clear, suspend, resume,
-	// rename, remove, messages) on this device; it may be held while a
+	// ctl serialises control operations (load, clear, suspend, resume, rename,
+	// remove) on this device; messages do not take it. It may be held while a
 	// suspend drains I/O, so nothing on the I/O path or in the fs layer takes
-	// it.
+	// it. The package documentation gives the lock order.
 	ctl sync.Mutex
 	// tmu makes retiring a table wait for readers of table contents (table,
 	// status, info, messages): readers hold it shared while they use a table
@@ -58,7 +58,10 @@ type Device struct {
 	onChange func(*Device)
 }
 
-var _ BlockDevice = (*Device)(nil)
+var (
+	_ BlockDevice = (*Device)(nil)
+	_ Limiter     = (*Device)(nil)
+)
 
 func newDevice(name, uuid string, minor uint32, ino uint64, readOnly bool, clock Clock) *Device {
 	d := &Device{minor: minor, ino: ino, disk: stats.NewDisk(clock)}
@@ -129,6 +132,17 @@ func (d *Device) Size() int64 {
 		return t.size
 	}
 	return 0
+}
+
+// Limits says whether the device takes discards and write-zeroes: what its
+// live table takes (none without one). A table stacked on the device reads
+// it when it is built, as dm reads the queue limits of the devices below
+// when it calculates a new table's limits.
+func (d *Device) Limits() Limits {
+	if t := d.live.Load(); t != nil {
+		return t.limits
+	}
+	return Limits{}
 }
 
 // OpenCount is the number of open handles on the device file plus the
@@ -304,9 +318,10 @@ func (d *Device) WriteAt(ctx context.Context, p []byte, off int64) (int, error) 
 }
 
 // pushedBack decides what becomes of an I/O whose piece a target pushed back
-// (spec §1.5): during a noflush suspend it is issued again once the device
-// resumes (again is true: the caller re-enters the gate, which holds it);
-// otherwise the push-back turns into EIO. Other results pass unchanged.
+// (drivers/md/dm.c: dm_handle_requeue): during a noflush suspend it is issued
+// again once the device resumes (again is true: the caller re-enters the gate,
+// which holds it); otherwise the push-back turns into EIO. Other results pass
+// unchanged.
 func (d *Device) pushedBack(err error) (again bool, _ error) {
 	if err == nil || !errors.Is(err, ErrPushBack) {
 		return false, err

@@ -4,11 +4,12 @@ import "github.com/dmfuse/dmfuse/stats"
 
 // EnableDMStats makes m answer the device-mapper core's dm-stats messages
 // (`@stats_create`, `@stats_delete`, `@stats_clear`, `@stats_list`,
-// `@stats_print`, `@stats_print_clear`, `@stats_set_aux`; spec §4.7) on every
-// device, with the regions kept in the device's stats.Disk. Other `@` words
-// fail with "Unsupported message sent to DM core" (EINVAL), as in dm.
-// Regions live as long as their device: a removed device takes its regions
-// with it, and a new device of the same name starts with none.
+// `@stats_print`, `@stats_print_clear`, `@stats_set_aux`;
+// drivers/md/dm-stats.c: dm_stats_message) on every device, with the regions
+// kept in the device's stats.Disk. Other `@` words fail with "Unsupported
+// message sent to DM core" (EINVAL), as in dm. Regions live as long as their
+// device: a removed device takes its regions with it, and a new device of the
+// same name starts with none.
 //
 // The histograms of the regions of devices with a live table are also
 // written by metrics.WritePrometheus (so on the daemon's /metrics, see

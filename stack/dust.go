@@ -2,7 +2,6 @@ package stack
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"math/bits"
@@ -12,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 )
 
 // Dust is the dust target type (dm-dust 1.0.0): a linear mapping that emulates
@@ -23,14 +24,18 @@ var Dust = &TargetType{Name: "dust", Version: [3]int{1, 0, 0}, New: newDust}
 // dustMaxBlockSectors is the largest block size in sectors (1 GiB).
 const dustMaxBlockSectors = 2097152
 
-// dust is one constructed dust target.
+// dustErrs are the errors dust returns.
+var dustErrs = newInjectedErrors("dust")
+
+// dust is one constructed dust target: a Remap that checks the bad-block
+// list before passing I/O on.
 type dust struct {
-	dev   BlockDevice
-	devs  []BlockDevice
-	off   int64 // offset on dev in sectors, as given
-	start int64 // offset on dev in bytes
+	Remap
 	blksz int64 // bytes, a power of 2
 	shift uint  // log2(blksz)
+	// flushOff is where an empty flush lands, relative to the segment: dm
+	// sends it with sector 0 of the mapped device (see Flush).
+	flushOff int64
 
 	enabled atomic.Bool // fail_read_on_bad_block (else bypass)
 	quiet   atomic.Bool
@@ -49,11 +54,9 @@ var (
 	_ Target       = (*dust)(nil)
 	_ Flusher      = (*dust)(nil)
 	_ Discarder    = (*dust)(nil)
-	_ ZeroWriter   = (*dust)(nil)
 	_ Messager     = (*dust)(nil)
 	_ MaxIOer      = (*dust)(nil)
 	_ MapAccounter = (*dust)(nil)
-	_ DeviceLister = (*dust)(nil)
 )
 
 // newDust constructs a dust target. Table syntax:
@@ -83,6 +86,14 @@ var (
 // it fails with EIO while its write-fail count is above 0 (each failure
 // decrements it), and otherwise unlists the block and passes.
 //
+// As drivers/md/dm-dust.c: dust_map does, everything that is not a read is a
+// write to the block of its first sector: an empty flush is a write to the
+// block of the mapped device's sector 0, and a discard, which the core does
+// not split at the block size, is checked on its first block only. dust
+// takes no write-zeroes (dust_ctr sets num_flush_bios and num_discard_bios
+// only), so ZERO_RANGE reaches it as writes, block by block. The errors it
+// makes up are *InjectedError (ErrInjected, EIO).
+//
 // TABLE is "<dev> <offset> <blksz>"; INFO is
 // "<dev> <fail_read_on_bad_block|bypass> <quiet|verbose>".
 func newDust(c *Ctor, args []string) (Target, error) {
@@ -102,26 +113,15 @@ func newDust(c *Ctor, args []string) (Target, error) {
 	if int64(bs/SectorSize) > min(c.Len, dustMaxBlockSectors) {
 		return nil, Errorf("Block size is too large")
 	}
-	off, err := ParseSector(args[1])
+	r, err := OpenArea(c, args[0], args[1], "Invalid device offset sector", c.Len)
 	if err != nil {
-		return nil, Errorf("Invalid device offset sector")
-	}
-	dev, err := c.Open(args[0])
-	if err != nil {
-		var ae *ArgError
-		if errors.As(err, &ae) {
-			return nil, err
-		}
-		return nil, Errorf("Device lookup failed: %v", err)
-	}
-	if err := CheckArea(dev, off, c.Len); err != nil {
 		return nil, err
 	}
 	d := &dust{
-		dev: dev, devs: []BlockDevice{dev},
-		off: off, start: off * SectorSize,
+		Remap: r,
 		blksz: int64(bs), shift: uint(bits.TrailingZeros32(bs)),
-		logger: log.Default(),
+		flushOff: -c.Begin * SectorSize,
+		logger:   log.Default(),
 	}
 	d.bad.m = make(map[uint64]uint8)
 	return d, nil
@@ -134,14 +134,8 @@ func (d *dust) MaxIO() int64 { return d.blksz }
 // at map time and not counted.
 func (d *dust) AccountsAtMap() {}
 
-// Devices implements DeviceLister.
-func (d *dust) Devices() []BlockDevice { return d.devs }
-
-// Close implements Target; the device belongs to the table.
-func (d *dust) Close() error { return nil }
-
 // block is the number on dev of the block holding segment byte off.
-func (d *dust) block(off int64) uint64 { return uint64(d.start+off) >> d.shift }
+func (d *dust) block(off int64) uint64 { return uint64(d.Off+off) >> d.shift }
 
 // logf writes one log line unless quiet.
 func (d *dust) logf(format string, a ...any) {
@@ -195,63 +189,53 @@ func (d *dust) writeOK(off int64) bool {
 // ReadAt implements Target.
 func (d *dust) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if !d.readOK(off) {
-		return 0, syscall.EIO
+		return 0, dustErrs.of(OpRead)
 	}
 	StartAccounting(ctx)
-	return d.dev.ReadAt(ctx, p, d.start+off)
+	return d.Remap.ReadAt(ctx, p, off)
 }
 
 // WriteAt implements Target.
 func (d *dust) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if !d.writeOK(off) {
-		return 0, syscall.EIO
+		return 0, dustErrs.of(OpWrite)
 	}
 	StartAccounting(ctx)
-	return d.dev.WriteAt(ctx, p, d.start+off)
+	return d.Remap.WriteAt(ctx, p, off)
 }
 
-// Flush implements Flusher: flushes pass down.
+// Flush implements Flusher. drivers/md/dm.c: __send_empty_flush sends the
+// flush with sector 0 of the mapped device, and dust_map remaps it like any
+// bio to dd->start + dm_target_offset(ti, 0): the segment-relative offset
+// -Begin. There dust_map_write applies the write rule. When the segment
+// starts past the offset, the kernel's sector_t wraps to a block number
+// that no listed block can have, so the flush passes.
 func (d *dust) Flush(ctx context.Context) error {
-	StartAccounting(ctx)
-	return d.dev.Flush(ctx)
-}
-
-// Discard implements Discarder: each block of the range is handled like a
-// write without data.
-func (d *dust) Discard(ctx context.Context, off, n int64) error {
-	return d.span(ctx, off, n, d.dev.Discard)
-}
-
-// WriteZeroes implements ZeroWriter: each block of the range is handled like
-// a write.
-func (d *dust) WriteZeroes(ctx context.Context, off, n int64) error {
-	return d.span(ctx, off, n, d.dev.WriteZeroes)
-}
-
-// span splits [off, off+n) at block boundaries counted from the segment
-// start, as the kernel splits at max_io_len, and applies the write rule to
-// each piece. It stops at the first failure.
-func (d *dust) span(ctx context.Context, off, n int64, op func(context.Context, int64, int64) error) error {
-	for n > 0 {
-		m := min(n, d.blksz-off%d.blksz)
-		if !d.writeOK(off) {
-			return syscall.EIO
-		}
-		StartAccounting(ctx)
-		if err := op(ctx, d.start+off, m); err != nil {
-			return err
-		}
-		off, n = off+m, n-m
+	if d.Off+d.flushOff >= 0 && !d.writeOK(d.flushOff) {
+		return dustErrs.of(OpFlush)
 	}
-	return nil
+	StartAccounting(ctx)
+	return d.Remap.Flush(ctx)
+}
+
+// Discard implements Discarder: the write rule on the block of the first
+// byte, then the whole range passes down. The core splits a discard at
+// segment ends only (drivers/md/dm.c: __process_abnormal_io leaves
+// ti->max_io_len out), so dust_map sees it whole.
+func (d *dust) Discard(ctx context.Context, off, n int64) error {
+	if !d.writeOK(off) {
+		return dustErrs.of(OpDiscard)
+	}
+	StartAccounting(ctx)
+	return d.Remap.Discard(ctx, off, n)
 }
 
 // Status implements Target.
 func (d *dust) Status(t StatusType) string {
-	name := EscapeArg(d.dev.Name())
 	if t == StatusTable {
-		return name + " " + strconv.FormatInt(d.off, 10) + " " + strconv.FormatInt(d.blksz, 10)
+		return d.Table() + " " + strconv.FormatInt(d.blksz, 10)
 	}
+	name := EscapeArg(d.Dev.Name())
 	mode, verb := "bypass", "verbose"
 	if d.enabled.Load() {
 		mode = "fail_read_on_bad_block"
@@ -309,14 +293,14 @@ func (d *dust) Message(_ context.Context, args []string) (string, error) {
 		}
 		return "", dustMsgError("unrecognized message '%s' received", args[0])
 	case 2, 3:
-		blk, err := ParseUint64(args[1])
-		if err != nil {
+		blk, ok := dmarg.Uint64(args[1]) // sscanf "%llu%c", as dust_message
+		if !ok {
 			return "", dustMsgError("%s %s: invalid block number", args[0], args[1])
 		}
 		var cnt uint8
 		if len(args) == 3 {
-			c, err := ParseUint32(args[2])
-			if err != nil {
+			c, ok := dmarg.Uint32(args[2]) // sscanf "%u%c"
+			if !ok {
 				return "", dustMsgError("%s %s %s: invalid write fail count", args[0], args[1], args[2])
 			}
 			if c > 255 {
@@ -324,7 +308,7 @@ func (d *dust) Message(_ context.Context, args []string) (string, error) {
 			}
 			cnt = uint8(c)
 		}
-		if limit := uint64(d.dev.Size()/SectorSize) >> (d.shift - 9); blk > limit {
+		if limit := uint64(d.Dev.Size()/SectorSize) >> (d.shift - 9); blk > limit {
 			return "", dustMsgError("%s %s: selected block value out of range (at most %d)", args[0], args[1], limit)
 		}
 		verb := strings.ToLower(args[0])

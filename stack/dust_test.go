@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/selectors"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -18,7 +19,7 @@ import (
 // logs.
 func newTestDust(t testing.TB, dev *MemDevice, length int64, params string, logs *bytes.Buffer) *dust {
 	t.Helper()
-	tg, err := Dust.New(newFaultCtor(&testFaultClock{}, length, dev), SplitArgs(params))
+	tg, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, length, dev), SplitArgs(params))
 	if err != nil {
 		t.Fatalf("dust %q: %v", params, err)
 	}
@@ -37,7 +38,7 @@ func dustMsg(d *dust, text string) (string, error) {
 }
 
 func TestDustTableVectors(t *testing.T) {
-	// Spec §5.1 (dust).
+	// The table and status lines drivers/md/dm-dust.c: dust_status prints.
 	dev := NewMemDevice("8:16", 8192*SectorSize)
 	d := newTestDust(t, dev, 2048, "8:16 0 512", nil)
 	if got, want := d.Status(StatusTable), "8:16 0 512"; got != want {
@@ -62,8 +63,8 @@ func TestDustTableVectors(t *testing.T) {
 	if got := d.MaxIO(); got != 512 {
 		t.Errorf("MaxIO %d, want 512", got)
 	}
-	if ds := d.Devices(); len(ds) != 1 || ds[0] != BlockDevice(dev) {
-		t.Errorf("Devices() = %v", ds)
+	if d.Dev != BlockDevice(dev) || d.Off != 0 {
+		t.Errorf("remaps to %v at %d", d.Dev, d.Off)
 	}
 
 	// Block numbering with offset: dm sector 0 is block (1024+0)/8 = 128.
@@ -92,7 +93,7 @@ func TestDustTableVectors(t *testing.T) {
 	}
 
 	// The table form is accepted back.
-	for _, in := range []string{"8:16 0 512", "8:16 +16 1024", "8:16 1024 4096"} {
+	for _, in := range []string{"8:16 0 512", "8:16 16 1024", "8:16 1024 4096"} {
 		d := newTestDust(t, dev, 2048, in, nil)
 		if got := newTestDust(t, dev, 2048, d.Status(StatusTable), nil).Status(StatusTable); got != d.Status(StatusTable) {
 			t.Errorf("dust %q: table %q does not round-trip (%q)", in, d.Status(StatusTable), got)
@@ -101,7 +102,8 @@ func TestDustTableVectors(t *testing.T) {
 }
 
 func TestDustRejected(t *testing.T) {
-	// Spec §5.2 and §2.7, in the kernel's words and order of checks.
+	// drivers/md/dm-dust.c: dust_ctr's refusals, in the kernel's words and
+	// order of checks.
 	dev := NewMemDevice("8:16", 8192*SectorSize)
 	tests := []struct {
 		length     int64
@@ -124,7 +126,7 @@ func TestDustRejected(t *testing.T) {
 		{2048, "8:99 0 512", "Device lookup failed"},
 	}
 	for _, tc := range tests {
-		_, err := Dust.New(newFaultCtor(&testFaultClock{}, tc.length, dev), SplitArgs(tc.in))
+		_, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, tc.length, dev), SplitArgs(tc.in))
 		var ae *ArgError
 		if !errors.As(err, &ae) || ae.Reason != tc.reason || !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("dust %q (len %d): %v, want EINVAL %q", tc.in, tc.length, err, tc.reason)
@@ -132,13 +134,14 @@ func TestDustRejected(t *testing.T) {
 	}
 	// 1 GiB blocks are allowed on a long enough segment (over a device that
 	// reports size 0, which is not range-checked).
-	if _, err := Dust.New(newFaultCtor(&testFaultClock{}, 1<<30, NewMemDevice("8:16", 0)), SplitArgs("8:16 0 1073741824")); err != nil {
+	if _, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, 1<<30, NewMemDevice("8:16", 0)), SplitArgs("8:16 0 1073741824")); err != nil {
 		t.Errorf("1 GiB blocks: %v", err)
 	}
 }
 
 func TestDustMessageVectors(t *testing.T) {
-	// Spec §5.4 on "0 2048 dust 8:16 0 512", whose device holds 2048 blocks.
+	// drivers/md/dm-dust.c: dust_message's answers on "0 2048 dust 8:16 0 512",
+	// whose device holds 2048 blocks.
 	ctx := context.Background()
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	var logs bytes.Buffer
@@ -308,36 +311,143 @@ func TestDustLogs(t *testing.T) {
 	}
 }
 
-func TestDustDiscardAndZeroes(t *testing.T) {
+// TestDustDiscard: a discard is not split at dust's block size
+// (drivers/md/dm.c: __process_abnormal_io and __send_changing_extent_only
+// cut abnormal I/O only at max_discard_sectors when the target sets
+// max_discard_granularity, never at ti->max_io_len), so dust_map sees one
+// bio and dust_map_write checks only the block of its first sector.
+func TestDustDiscard(t *testing.T) {
 	ctx := context.Background()
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	faultPattern(dev)
 	d := newTestDust(t, dev, 64, "8:16 0 1024", nil)
 	dustMsg(d, "enable")
-	dustMsg(d, "addbadblock 2 1")
-	// Blocks 1..3 (bytes 1024..4095): block 2 fails once; block 1 was done.
-	if err := d.Discard(ctx, 1024, 3072); !errors.Is(err, syscall.EIO) {
-		t.Fatalf("discard over a bad block: %v, want EIO", err)
+	dustMsg(d, "addbadblock 2 0")
+	dustMsg(d, "addbadblock 3 1")
+	// Blocks 1..3 (bytes 1024..4095): block 1 is good, so the whole range
+	// is discarded and blocks 2 and 3 stay listed.
+	if err := d.Discard(ctx, 1024, 3072); err != nil {
+		t.Fatalf("discard starting on a good block: %v", err)
 	}
-	if dev.Bytes()[1024] != 0 || dev.Bytes()[2048] == 0 {
-		t.Fatal("discard did not stop at the bad block")
+	if !bytes.Equal(dev.Bytes()[1024:4096], make([]byte, 3072)) {
+		t.Error("the discard did not reach the whole range")
 	}
-	if err := d.WriteZeroes(ctx, 1500, 2000); err != nil {
-		t.Fatalf("write zeroes after the failure count ran out: %v", err)
+	if out, _ := dustMsg(d, "listbadblocks"); out != "2\n3\n" {
+		t.Errorf("blocks after the discard: %q, want 2 and 3 still listed", out)
 	}
-	if out, _ := dustMsg(d, "countbadblocks"); out != "countbadblocks: 0 badblock(s) found" {
-		t.Errorf("write zeroes did not clear block 2: %q", out)
+	// Starting on block 3 (write-fail count 1): the discard fails and
+	// nothing is discarded, block 4 included.
+	faultPattern(dev)
+	before := bytes.Clone(dev.Bytes())
+	if err := d.Discard(ctx, 3072, 2048); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("discard starting on bad block 3: %v, want EIO", err)
 	}
-	if !bytes.Equal(dev.Bytes()[1500:3500], make([]byte, 2000)) || dev.Bytes()[3500] == 0 {
-		t.Error("write zeroes wrote the wrong range")
+	if !bytes.Equal(dev.Bytes(), before) {
+		t.Error("a failed discard changed the device")
 	}
+	// The count is spent: the next one clears block 3 and passes.
+	if err := d.Discard(ctx, 3072, 2048); err != nil {
+		t.Fatalf("discard after the count ran out: %v", err)
+	}
+	if out, _ := dustMsg(d, "listbadblocks"); out != "2\n" {
+		t.Errorf("blocks after the clearing discard: %q, want 2", out)
+	}
+}
+
+// TestDustEmptyFlush: an empty flush is a write to sector 0 of the dm
+// device (drivers/md/dm.c: __send_empty_flush sends a bio initialised by
+// bio_init, bi_sector 0). drivers/md/dm-dust.c: dust_map remaps it to
+// dd->start + dm_target_offset(ti, 0) and, being a write, hands it to
+// dust_map_write; __dust_map_write fails it while that block's write-fail
+// count is above 0 (decrementing it) and otherwise drops the block from the
+// list and passes the flush on.
+func TestDustEmptyFlush(t *testing.T) {
+	ctx := context.Background()
+	dev := NewMemDevice("8:16", 8192*SectorSize)
+	var logs bytes.Buffer
+	d := newTestDust(t, dev, 2048, "8:16 0 512", &logs)
+	dustMsg(d, "addbadblock 0 1")
+	dustMsg(d, "addbadblock 1 5")
 	if err := d.Flush(ctx); err != nil || dev.Flushes() != 1 {
-		t.Errorf("flush: %v, %d flushes", err, dev.Flushes())
+		t.Fatalf("flush in bypass mode: %v, %d flushes", err, dev.Flushes())
+	}
+	dustMsg(d, "enable")
+	if err := d.Flush(ctx); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("flush with block 0 bad: %v, want EIO", err)
+	}
+	if dev.Flushes() != 1 {
+		t.Error("a failed flush reached the device")
+	}
+	if out, _ := dustMsg(d, "listbadblocks"); out != "0\n1\n" {
+		t.Errorf("list after the failed flush: %q", out)
+	}
+	logs.Reset()
+	if err := d.Flush(ctx); err != nil || dev.Flushes() != 2 {
+		t.Fatalf("flush after block 0's count ran out: %v, %d flushes", err, dev.Flushes())
+	}
+	if out, _ := dustMsg(d, "queryblock 0"); out != "dust_query_block: block 0 not found in badblocklist" {
+		t.Errorf("the flush did not clear block 0: %q", out)
+	}
+	if logs.String() != "dust: block 0 removed from badblocklist by write\n" {
+		t.Errorf("log of the clearing flush: %q", logs.String())
+	}
+	// Block 1 is not the flush's block.
+	if err := d.Flush(ctx); err != nil {
+		t.Errorf("flush with only block 1 bad: %v", err)
+	}
+	// Quiet mode silences the clearing, as for writes.
+	dustMsg(d, "quiet")
+	dustMsg(d, "addbadblock 0")
+	logs.Reset()
+	if err := d.Flush(ctx); err != nil || logs.Len() != 0 {
+		t.Errorf("quiet clearing flush: %v, log %q", err, logs.String())
+	}
+
+	// With an offset the flush lands on the block holding the offset:
+	// sector 1024 with 4096-byte blocks is block 128.
+	o := newTestDust(t, dev, 2048, "8:16 1024 4096", nil)
+	dustMsg(o, "enable")
+	dustMsg(o, "addbadblock 0 3")
+	dustMsg(o, "addbadblock 128 1")
+	if err := o.Flush(ctx); !errors.Is(err, syscall.EIO) {
+		t.Errorf("flush with block 128 bad: %v, want EIO", err)
+	}
+	if out, _ := dustMsg(o, "listbadblocks"); out != "0\n128\n" {
+		t.Errorf("list: %q", out)
+	}
+
+	// A segment starting at sector 2048 of the mapped device: the flush
+	// lands at offset - 2048. With offset 4096 that is sector 2048 of the
+	// device (block 2048 of 512 bytes); with offset 0 it is before the
+	// device, where no block can be listed.
+	for _, tc := range []struct {
+		params string
+		block  string
+		fails  bool
+	}{
+		{"8:16 4096 512", "2048", true},
+		{"8:16 4096 512", "4096", false},
+		{"8:16 0 512", "0", false},
+	} {
+		c := newFaultCtor(&selectors.ManualClock{}, 2048, dev)
+		c.Begin = 2048
+		tg, err := Dust.New(c, SplitArgs(tc.params))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := tg.(*dust)
+		b.logger = log.New(&bytes.Buffer{}, "", 0)
+		dustMsg(b, "enable")
+		dustMsg(b, "addbadblock "+tc.block+" 1")
+		if err := b.Flush(ctx); errors.Is(err, syscall.EIO) != tc.fails {
+			t.Errorf("segment at 2048, %q, block %s bad: flush %v, want failure %v", tc.params, tc.block, err, tc.fails)
+		}
 	}
 }
 
 func TestDustAccounting(t *testing.T) {
-	// Spec §4.4: I/O killed on a bad block is not accounted.
+	// I/O killed on a bad block (DM_MAPIO_KILL) is not accounted
+	// (drivers/md/dm.c: __dm_io_complete).
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	d := newTestDust(t, dev, 64, "8:16 0 512", nil)
 	dustMsg(d, "enable")
@@ -440,7 +550,7 @@ func FuzzDustMessage(f *testing.F) {
 	f.Add("addbadblock 3", "8:16 16 4096")
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	f.Fuzz(func(t *testing.T, msgs, params string) {
-		tg, err := Dust.New(newFaultCtor(&testFaultClock{}, 2048, dev), SplitArgs(params))
+		tg, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(params))
 		if err != nil {
 			var ae *ArgError
 			if !errors.As(err, &ae) || ae.Reason == "" || !errors.Is(err, syscall.EINVAL) {
@@ -451,7 +561,7 @@ func FuzzDustMessage(f *testing.F) {
 		d := tg.(*dust)
 		d.logger = log.New(&bytes.Buffer{}, "", 0)
 		table := d.Status(StatusTable)
-		tg2, err := Dust.New(newFaultCtor(&testFaultClock{}, 2048, dev), SplitArgs(table))
+		tg2, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(table))
 		if err != nil || tg2.Status(StatusTable) != table {
 			t.Fatalf("%q: table %q does not round-trip: %v", params, table, err)
 		}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -12,14 +16,18 @@ import (
 // fileDev is a backing file or block device, used with pread/pwrite, fdatasync
 // and fallocate (ioctls for block devices).
 type fileDev struct {
-	f     *os.File
-	fd    int
-	name  string // as table prints it: absolute path or MAJOR:MINOR
-	size  int64
-	block bool
+	f      *os.File
+	fd     int
+	name   string // as table prints it: absolute path or MAJOR:MINOR
+	size   int64
+	block  bool
+	limits Limits
 }
 
-var _ BlockDevice = (*fileDev)(nil)
+var (
+	_ BlockDevice = (*fileDev)(nil)
+	_ Limiter     = (*fileDev)(nil)
+)
 
 // OpenFile opens a regular file or a block device as a BlockDevice. name is
 // how tables print it.
@@ -37,7 +45,11 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 		f.Close()
 		return nil, err
 	}
-	d := &fileDev{f: f, fd: int(f.Fd()), name: name}
+	// A regular file takes both, as a loop device over it does
+	// (drivers/block/loop.c advertises discard and write-zeroes for files
+	// whose file system has fallocate; fileDev falls back by itself where
+	// ZERO_RANGE is missing). A block device takes what its queue says.
+	d := &fileDev{f: f, fd: int(f.Fd()), name: name, limits: Limits{Discard: true, WriteZeroes: true}}
 	switch {
 	case st.Mode().IsRegular():
 		d.size = st.Size()
@@ -48,6 +60,9 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 			return nil, fmt.Errorf("%s: BLKGETSIZE64: %w", path, e)
 		}
 		d.size, d.block = int64(sz), true
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			d.limits = blockLimits(unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)))
+		}
 	default:
 		f.Close()
 		return nil, fmt.Errorf("%s: not a regular file or block device", path)
@@ -129,6 +144,28 @@ func (d *fileDev) WriteZeroes(_ context.Context, off, n int64) error {
 	}
 	return err
 }
+
+// blockLimits reads the discard and write-zeroes limits of block device
+// major:minor from sysfs (a partition's are its disk's). A limit that
+// cannot be read counts as taken: the ioctl then answers for itself.
+func blockLimits(major, minor uint32) Limits {
+	dir := fmt.Sprintf("/sys/dev/block/%d:%d", major, minor)
+	if _, err := os.Stat(filepath.Join(dir, "partition")); err == nil {
+		dir = filepath.Join(dir, "..")
+	}
+	taken := func(attr string) bool {
+		b, err := os.ReadFile(filepath.Join(dir, "queue", attr))
+		if err != nil {
+			return true
+		}
+		v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		return err != nil || v > 0
+	}
+	return Limits{Discard: taken("discard_max_bytes"), WriteZeroes: taken("write_zeroes_max_bytes")}
+}
+
+// Limits implements Limiter.
+func (d *fileDev) Limits() Limits { return d.limits }
 
 func (d *fileDev) Size() int64  { return d.size }
 func (d *fileDev) Name() string { return d.name }

@@ -2,12 +2,10 @@ package stack
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/dmfuse/dmfuse/stats"
@@ -26,13 +24,14 @@ const flakeyProbabilityBase = 1_000_000_000
 // flakeyMaxFeatureArgs is the largest num_features the kernel accepts.
 const flakeyMaxFeatureArgs = 11
 
-// flakey is one constructed flakey target. Everything but the PRNG is fixed at
-// construction, so the I/O path reads it without locks.
+// flakeyErrs are the errors flakey returns.
+var flakeyErrs = newInjectedErrors("flakey")
+
+// flakey is one constructed flakey target: a Remap that decides, while
+// down, what becomes of each I/O before passing it on. Everything but the
+// PRNG is fixed at construction, so the I/O path reads it without locks.
 type flakey struct {
-	dev   BlockDevice
-	devs  []BlockDevice
-	start int64 // offset on dev in bytes
-	off   int64 // offset on dev in sectors, as given
+	Remap
 	clock Clock
 	t0    int64 // construction time, clock ns
 	up    uint32
@@ -57,9 +56,7 @@ var (
 	_ Target       = (*flakey)(nil)
 	_ Flusher      = (*flakey)(nil)
 	_ Discarder    = (*flakey)(nil)
-	_ ZeroWriter   = (*flakey)(nil)
 	_ MapAccounter = (*flakey)(nil)
-	_ DeviceLister = (*flakey)(nil)
 )
 
 // newFlakey constructs a flakey target. Table syntax:
@@ -74,6 +71,10 @@ var (
 //	error_reads                                   reads fail with EIO while down
 //	drop_writes                                   writes, flushes and discards succeed without reaching dev while down
 //	error_writes                                  writes, flushes and discards fail with EIO while down
+//	                                              (drivers/md/dm-flakey.c: flakey_map treats every bio that
+//	                                              is not a read as a write: an empty flush or a discard is
+//	                                              dropped or failed, and passes otherwise, since it has no
+//	                                              data to corrupt)
 //	corrupt_bio_byte <Nth> <r|w> <value> <flags>  while down, byte Nth (1-based) of each read's data (after the
 //	                                              read) or of each write's data (on a copy) is set to value
 //	                                              (0..255); flags must be 0 in dmfuse, since FUSE requests carry
@@ -95,6 +96,11 @@ var (
 // drop_writes or error_writes, corrupt_bio_byte, random_read_corrupt,
 // random_write_corrupt, then random_seed, with their recomputed count. The
 // status (INFO) form is empty.
+//
+// flakey takes discards but not write-zeroes (flakey_ctr sets
+// num_flush_bios and num_discard_bios only), so ZERO_RANGE reaches it as
+// writes of zeros, which it drops, fails or corrupts like any write. The
+// errors it makes up are *InjectedError (ErrInjected, EIO).
 func newFlakey(c *Ctor, args []string) (Target, error) {
 	if len(args) < 4 {
 		return nil, Errorf("Invalid argument count")
@@ -106,7 +112,7 @@ func newFlakey(c *Ctor, args []string) (Target, error) {
 	if err != nil {
 		return nil, Errorf("Invalid device sector")
 	}
-	f := &flakey{off: off, start: off * SectorSize}
+	f := &flakey{}
 	if f.up, err = a.Uint(0, 1<<32-1, "Invalid up interval"); err != nil {
 		return nil, err
 	}
@@ -133,31 +139,15 @@ func newFlakey(c *Ctor, args []string) (Target, error) {
 	}
 	f.rng = rand.New(rand.NewPCG(f.seed, flakeySeedStream))
 
-	dev, err := c.Open(devArg)
-	if err != nil {
-		return nil, flakeyLookupError(err)
-	}
-	if err := CheckArea(dev, f.off/SectorSize, c.Len); err != nil {
+	// The device comes last, as in flakey_ctr.
+	if f.Remap, err = OpenRemap(c, devArg, off, c.Len); err != nil {
 		return nil, err
 	}
-	f.dev = dev
-	f.devs = []BlockDevice{dev}
 	return f, nil
 }
 
 // flakeySeedStream is the second PCG seed word; random_seed sets the first.
 const flakeySeedStream = 0x9e3779b97f4a7c15
-
-// flakeyLookupError returns an Open failure as a constructor error: an
-// *ArgError unchanged, anything else as dm's "Device lookup failed" with the
-// cause appended.
-func flakeyLookupError(err error) error {
-	var ae *ArgError
-	if errors.As(err, &ae) {
-		return err
-	}
-	return Errorf("Device lookup failed: %v", err)
-}
 
 // parseFeatures reads [<num_features> <feature args>...] as the kernel's
 // parse_features does, with the same reasons.
@@ -306,13 +296,13 @@ func (f *flakey) AccountsAtMap() {}
 func (f *flakey) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if !f.isDown() {
 		StartAccounting(ctx)
-		return f.dev.ReadAt(ctx, p, f.start+off)
+		return f.Remap.ReadAt(ctx, p, off)
 	}
 	if f.errorReads {
-		return 0, syscall.EIO
+		return 0, flakeyErrs.of(OpRead)
 	}
 	StartAccounting(ctx)
-	n, err := f.dev.ReadAt(ctx, p, f.start+off)
+	n, err := f.Remap.ReadAt(ctx, p, off)
 	if err != nil || len(p) == 0 {
 		return n, err
 	}
@@ -329,23 +319,23 @@ func (f *flakey) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 func (f *flakey) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	StartAccounting(ctx)
 	if !f.isDown() {
-		return f.dev.WriteAt(ctx, p, f.start+off)
+		return f.Remap.WriteAt(ctx, p, off)
 	}
 	switch {
 	case f.dropWrites:
 		return len(p), nil
 	case f.errorWrites:
-		return 0, syscall.EIO
+		return 0, flakeyErrs.of(OpWrite)
 	}
 	if len(p) == 0 {
-		return f.dev.WriteAt(ctx, p, f.start+off)
+		return f.Remap.WriteAt(ctx, p, off)
 	}
 	fixed := f.corruptByte != 0 && f.corruptWrite && int64(f.corruptByte) <= int64(len(p))
 	var pos int
 	var val byte
 	random := f.randomWrite != 0 && f.draw(f.randomWrite, len(p), &pos, &val)
 	if !fixed && !random {
-		return f.dev.WriteAt(ctx, p, f.start+off)
+		return f.Remap.WriteAt(ctx, p, off)
 	}
 	bp := flakeyBufPool.Get().(*[]byte)
 	if cap(*bp) < len(p) {
@@ -359,7 +349,7 @@ func (f *flakey) WriteAt(ctx context.Context, p []byte, off int64) (int, error) 
 	if random {
 		buf[pos] = val
 	}
-	n, err := f.dev.WriteAt(ctx, buf, f.start+off)
+	n, err := f.Remap.WriteAt(ctx, buf, off)
 	flakeyBufPool.Put(bp)
 	return n, err
 }
@@ -398,17 +388,19 @@ func (f *flakey) draw(prob uint32, n int, pos *int, val *byte) bool {
 	return hit
 }
 
-// downDataless decides a flush, discard or write-zeroes: like a write
-// without data, it is dropped (done, nil) or failed (done, EIO) while down if
-// the features say so; otherwise done is false and the caller passes it down.
-func (f *flakey) downDataless(ctx context.Context) (done bool, err error) {
+// downDataless decides a flush or a discard as drivers/md/dm-flakey.c:
+// flakey_map does a write without data: while down it is dropped (done,
+// nil) with drop_writes or failed (done, EIO) with error_writes; otherwise
+// (up, or down with other features, which have no data to corrupt) done is
+// false and the caller passes it down.
+func (f *flakey) downDataless(ctx context.Context, op IOOp) (done bool, err error) {
 	StartAccounting(ctx)
 	if f.isDown() {
 		switch {
 		case f.dropWrites:
 			return true, nil
 		case f.errorWrites:
-			return true, syscall.EIO
+			return true, flakeyErrs.of(op)
 		}
 	}
 	return false, nil
@@ -416,30 +408,19 @@ func (f *flakey) downDataless(ctx context.Context) (done bool, err error) {
 
 // Flush implements Flusher.
 func (f *flakey) Flush(ctx context.Context) error {
-	if done, err := f.downDataless(ctx); done {
+	if done, err := f.downDataless(ctx, OpFlush); done {
 		return err
 	}
-	return f.dev.Flush(ctx)
+	return f.Remap.Flush(ctx)
 }
 
 // Discard implements Discarder.
 func (f *flakey) Discard(ctx context.Context, off, n int64) error {
-	if done, err := f.downDataless(ctx); done {
+	if done, err := f.downDataless(ctx, OpDiscard); done {
 		return err
 	}
-	return f.dev.Discard(ctx, f.start+off, n)
+	return f.Remap.Discard(ctx, off, n)
 }
-
-// WriteZeroes implements ZeroWriter.
-func (f *flakey) WriteZeroes(ctx context.Context, off, n int64) error {
-	if done, err := f.downDataless(ctx); done {
-		return err
-	}
-	return f.dev.WriteZeroes(ctx, f.start+off, n)
-}
-
-// Devices implements DeviceLister.
-func (f *flakey) Devices() []BlockDevice { return f.devs }
 
 // Status implements Target: TABLE is the canonical constructor input, INFO is
 // empty.
@@ -448,8 +429,8 @@ func (f *flakey) Status(t StatusType) string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString(EscapeArg(f.dev.Name()))
-	for _, v := range []uint64{uint64(f.off), uint64(f.up), uint64(f.down), uint64(f.featureCount())} {
+	b.WriteString(f.Table())
+	for _, v := range []uint64{uint64(f.up), uint64(f.down), uint64(f.featureCount())} {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatUint(v, 10))
 	}
@@ -503,6 +484,3 @@ func (f *flakey) featureCount() int {
 	}
 	return n
 }
-
-// Close implements Target; the device belongs to the table.
-func (f *flakey) Close() error { return nil }

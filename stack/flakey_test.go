@@ -5,14 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/selectors"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -30,13 +32,6 @@ func flakeyRaceBuild() bool {
 	}
 	return false
 }
-
-// testFaultClock is a manual clock for flakey and dust tests.
-type testFaultClock struct{ ns atomic.Int64 }
-
-func (c *testFaultClock) Nanotime() int64         { return c.ns.Load() }
-func (c *testFaultClock) set(d time.Duration)     { c.ns.Store(int64(d)) }
-func (c *testFaultClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // newFaultCtor returns a Ctor for a segment of length sectors whose Open
 // resolves the names of devs.
@@ -74,7 +69,7 @@ func faultPattern(d *MemDevice) {
 
 // faultAcctPiece returns an accounting piece of op, as the table hands targets.
 func faultAcctPiece(op stats.Op) *piece {
-	return newPiece(context.Background(), stats.NewDisk(&testFaultClock{}), op)
+	return newPiece(context.Background(), stats.NewDisk(&selectors.ManualClock{}), op)
 }
 
 // faultAcctStarted reports whether accounting of p has started.
@@ -83,8 +78,9 @@ func faultAcctStarted(p *piece) bool {
 }
 
 func TestFlakeyTableVectors(t *testing.T) {
-	// Spec §5.1 (flakey, kernel >= 6.16), with the device printed by name.
-	dev := NewMemDevice("8:16", 2048*SectorSize)
+	// The table lines drivers/md/dm-flakey.c: flakey_status prints (kernel 6.16
+	// and later), with the device printed by name.
+	dev := NewMemDevice("8:16", 4096*SectorSize)
 	tests := []struct{ in, table string }{
 		{"8:16 0 4 2", "8:16 0 4 2 2 error_reads error_writes"},
 		{"8:16 0 4 2 0", "8:16 0 4 2 2 error_reads error_writes"},
@@ -100,7 +96,6 @@ func TestFlakeyTableVectors(t *testing.T) {
 		{"8:16 0 4 2 4 random_read_corrupt 0 random_read_corrupt 7", "8:16 0 4 2 2 random_read_corrupt 7"},
 		{"8:16 0 4 2 0 ignored words", "8:16 0 4 2 2 error_reads error_writes"},
 		{"8:16 0 4294967295 0", "8:16 0 4294967295 0 2 error_reads error_writes"},
-		{"8:16 +8 +4 2", "8:16 8 4 2 2 error_reads error_writes"},
 		// The random_seed extension: printed after the others, counted as 2.
 		{"8:16 0 4 2 2 random_seed 42", "8:16 0 4 2 4 error_reads error_writes random_seed 42"},
 		{"8:16 0 4 2 4 random_seed 18446744073709551615 random_read_corrupt 1000000000",
@@ -109,7 +104,7 @@ func TestFlakeyTableVectors(t *testing.T) {
 			"8:16 0 4 2 11 corrupt_bio_byte 3 w 4 0 random_read_corrupt 6 random_write_corrupt 5 random_seed 1"},
 	}
 	for _, tc := range tests {
-		f := newTestFlakey(t, &testFaultClock{}, dev, tc.in)
+		f := newTestFlakey(t, &selectors.ManualClock{}, dev, tc.in)
 		if got := f.Status(StatusTable); got != tc.table {
 			t.Errorf("flakey %q: table %q, want %q", tc.in, got, tc.table)
 		}
@@ -117,18 +112,19 @@ func TestFlakeyTableVectors(t *testing.T) {
 			t.Errorf("flakey %q: status %q, want empty", tc.in, got)
 		}
 		// The table form is accepted back and is a fixed point.
-		g := newTestFlakey(t, &testFaultClock{}, dev, f.Status(StatusTable))
+		g := newTestFlakey(t, &selectors.ManualClock{}, dev, f.Status(StatusTable))
 		if got := g.Status(StatusTable); got != tc.table {
 			t.Errorf("flakey %q: table of the table %q, want %q", tc.in, got, tc.table)
 		}
-		if ds := f.Devices(); len(ds) != 1 || ds[0] != BlockDevice(dev) {
-			t.Errorf("flakey %q: Devices() = %v", tc.in, ds)
+		if f.Dev != BlockDevice(dev) {
+			t.Errorf("flakey %q: remaps to %v", tc.in, f.Dev)
 		}
 	}
 }
 
 func TestFlakeyRejected(t *testing.T) {
-	// Spec §5.2 and every constructor reason of §2.6, in the kernel's words.
+	// Every refusal of drivers/md/dm-flakey.c: flakey_ctr and parse_features,
+	// in the kernel's words.
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	tests := []struct{ in, reason string }{
 		{"8:16 0 0 0", "Total (up + down) interval is zero"},
@@ -150,7 +146,6 @@ func TestFlakeyRejected(t *testing.T) {
 		{"8:16 10x 4 2", "Invalid device sector"},
 		{"8:16 -1 4 2", "Invalid device sector"},
 		{"8:16 0 4x 2", "Invalid up interval"},
-		{"8:16 0 4294967296 2", "Invalid up interval"},
 		{"8:16 0 4 -2", "Invalid down interval"},
 		{"8:16 0 4294967295 1", "Interval overflow"},
 		{"8:16 0 2147483648 2147483648", "Interval overflow"},
@@ -179,7 +174,7 @@ func TestFlakeyRejected(t *testing.T) {
 		{"8:99 0 4 2", "Device lookup failed"},
 	}
 	for _, tc := range tests {
-		_, err := Flakey.New(newFaultCtor(&testFaultClock{}, 2048, dev), SplitArgs(tc.in))
+		_, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(tc.in))
 		var ae *ArgError
 		if !errors.As(err, &ae) {
 			t.Errorf("flakey %q: err %v, want *ArgError %q", tc.in, err, tc.reason)
@@ -195,7 +190,7 @@ func TestFlakeyRejected(t *testing.T) {
 }
 
 func TestFlakeyLookupErrorKeepsCause(t *testing.T) {
-	c := newFaultCtor(&testFaultClock{}, 2048)
+	c := newFaultCtor(&selectors.ManualClock{}, 2048)
 	c.Open = func(arg string) (BlockDevice, error) { return nil, fmt.Errorf("open %s: %w", arg, syscall.ENOENT) }
 	_, err := Flakey.New(c, SplitArgs("/nope 0 1 1"))
 	if err == nil || err.Error() != "Device lookup failed: open /nope: no such file or directory" {
@@ -219,10 +214,11 @@ func flakeyTryIO(t *testing.T, f *flakey) (readOK, writeOK bool) {
 }
 
 func TestFlakeyTimeline(t *testing.T) {
-	// Spec §2.6 and §5.7: up 4, down 2, no features; the cycle starts at
-	// construction, here 100 s into the clock.
-	clock := &testFaultClock{}
-	clock.set(100 * time.Second)
+	// Up 4, down 2, no features: down while (now - start) % (up + down) >= up
+	// (drivers/md/dm-flakey.c: flakey_map); the cycle starts at construction,
+	// here 100 s into the clock.
+	clock := &selectors.ManualClock{}
+	clock.Set(int64(100 * time.Second))
 	f := newTestFlakey(t, clock, NewMemDevice("8:16", 2048*SectorSize), "8:16 0 4 2")
 	steps := []struct {
 		at time.Duration
@@ -235,7 +231,7 @@ func TestFlakeyTimeline(t *testing.T) {
 		{600*time.Second + 4*time.Second, false}, // 604 = 100*6 + 4
 	}
 	for _, s := range steps {
-		clock.set(100*time.Second + s.at)
+		clock.Set(int64(100*time.Second + s.at))
 		r, w := flakeyTryIO(t, f)
 		if r != s.up || w != s.up {
 			t.Errorf("t=%v: read ok %v, write ok %v; want %v", s.at, r, w, s.up)
@@ -252,14 +248,14 @@ func TestFlakeyTimeline(t *testing.T) {
 		if r, w := flakeyTryIO(t, never); !r || !w {
 			t.Errorf("down 0 at %v: read ok %v, write ok %v", clock.Nanotime(), r, w)
 		}
-		clock.advance(700 * time.Millisecond)
+		clock.Advance(700 * time.Millisecond)
 	}
 }
 
 func TestFlakeyUpPassesAtOffset(t *testing.T) {
-	dev := NewMemDevice("8:16", 2048*SectorSize)
+	dev := NewMemDevice("8:16", 4096*SectorSize)
 	faultPattern(dev)
-	f := newTestFlakey(t, &testFaultClock{}, dev, "8:16 8 1 1 1 error_writes")
+	f := newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 8 1 1 1 error_writes")
 	got := make([]byte, 100)
 	if n, err := f.ReadAt(context.Background(), got, 10); n != 100 || err != nil {
 		t.Fatalf("read: %d, %v", n, err)
@@ -275,9 +271,6 @@ func TestFlakeyUpPassesAtOffset(t *testing.T) {
 		t.Fatal("write did not map to offset + 8 sectors")
 	}
 	ctx := context.Background()
-	if err := f.WriteZeroes(ctx, 512, 10); err != nil || dev.Bytes()[9*SectorSize] != 0 {
-		t.Fatalf("write zeroes while up: %v", err)
-	}
 	if err := f.Discard(ctx, 1024, 10); err != nil || dev.Bytes()[10*SectorSize] != 0 {
 		t.Fatalf("discard while up: %v", err)
 	}
@@ -288,7 +281,7 @@ func TestFlakeyUpPassesAtOffset(t *testing.T) {
 
 // flakeyDown builds a flakey target that is always down.
 func flakeyDown(t *testing.T, dev *MemDevice, features string) *flakey {
-	return newTestFlakey(t, &testFaultClock{}, dev, "8:16 0 0 1 "+features)
+	return newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 0 0 1 "+features)
 }
 
 func TestFlakeyDropWrites(t *testing.T) {
@@ -300,9 +293,6 @@ func TestFlakeyDropWrites(t *testing.T) {
 	data := bytes.Repeat([]byte{0x55}, 4096)
 	if n, err := f.WriteAt(ctx, data, 0); n != len(data) || err != nil {
 		t.Fatalf("dropped write: %d, %v; want %d, nil", n, err, len(data))
-	}
-	if err := f.WriteZeroes(ctx, 0, 4096); err != nil {
-		t.Fatalf("dropped write zeroes: %v", err)
 	}
 	if err := f.Discard(ctx, 0, 4096); err != nil {
 		t.Fatalf("dropped discard: %v", err)
@@ -335,7 +325,6 @@ func TestFlakeyErrorWrites(t *testing.T) {
 	for name, err := range map[string]error{
 		"flush":   f.Flush(ctx),
 		"discard": f.Discard(ctx, 0, 512),
-		"zeroes":  f.WriteZeroes(ctx, 0, 512),
 	} {
 		if !errors.Is(err, syscall.EIO) {
 			t.Errorf("%s: %v, want EIO", name, err)
@@ -370,7 +359,7 @@ func TestFlakeyCorruptBioByteRead(t *testing.T) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	faultPattern(dev)
 	before := bytes.Clone(dev.Bytes())
-	clock := &testFaultClock{}
+	clock := &selectors.ManualClock{}
 	f := newTestFlakey(t, clock, dev, "8:16 0 1 1 5 corrupt_bio_byte 32 r 1 0")
 	got := make([]byte, 512)
 
@@ -378,7 +367,7 @@ func TestFlakeyCorruptBioByteRead(t *testing.T) {
 	if _, err := f.ReadAt(ctx, got, 512); err != nil || !bytes.Equal(got, before[512:1024]) {
 		t.Fatalf("read while up: %v", err)
 	}
-	clock.set(time.Second)
+	clock.Set(int64(time.Second))
 	if _, err := f.ReadAt(ctx, got, 512); err != nil {
 		t.Fatal(err)
 	}
@@ -512,8 +501,9 @@ func TestFlakeyRandomCorruptReproducible(t *testing.T) {
 }
 
 func TestFlakeyAccounting(t *testing.T) {
-	// Spec §4.4: a read killed at map time is not accounted; everything the
-	// target passes down or completes itself is.
+	// A read killed at map time (DM_MAPIO_KILL) is not accounted
+	// (drivers/md/dm.c: __dm_io_complete); everything the target passes down or
+	// completes itself is.
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	buf := make([]byte, 512)
 	check := func(name string, op stats.Op, f func(ctx context.Context) error, wantStarted bool) {
@@ -532,7 +522,7 @@ func TestFlakeyAccounting(t *testing.T) {
 	check("passed read", stats.Read, func(c context.Context) error { _, err := drop.ReadAt(c, buf, 0); return err }, true)
 	check("dropped write", stats.Write, func(c context.Context) error { _, err := drop.WriteAt(c, buf, 0); return err }, true)
 	check("dropped discard", stats.Discard, func(c context.Context) error { return drop.Discard(c, 0, 512) }, true)
-	up := newTestFlakey(t, &testFaultClock{}, dev, "8:16 0 1 0")
+	up := newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 0 1 0")
 	check("read while up", stats.Read, func(c context.Context) error { _, err := up.ReadAt(c, buf, 0); return err }, true)
 	check("write while up", stats.Write, func(c context.Context) error { _, err := up.WriteAt(c, buf, 0); return err }, true)
 }
@@ -580,7 +570,7 @@ func TestFlakeyWriteCorruptionAllocs(t *testing.T) {
 
 func BenchmarkFlakeyCorruptWrite(b *testing.B) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
-	f := newTestFlakey(b, &testFaultClock{}, dev, "8:16 0 0 1 5 corrupt_bio_byte 1 w 7 0")
+	f := newTestFlakey(b, &selectors.ManualClock{}, dev, "8:16 0 0 1 5 corrupt_bio_byte 1 w 7 0")
 	buf := make([]byte, 4096)
 	ctx := context.Background()
 	b.SetBytes(int64(len(buf)))
@@ -602,7 +592,7 @@ func FuzzFlakeyArgs(f *testing.F) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	f.Fuzz(func(t *testing.T, params string) {
 		args := SplitArgs(params)
-		tg, err := Flakey.New(newFaultCtor(&testFaultClock{}, 2048, dev), args)
+		tg, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), args)
 		if err != nil {
 			var ae *ArgError
 			if !errors.As(err, &ae) || ae.Reason == "" || !errors.Is(err, syscall.EINVAL) {
@@ -611,7 +601,7 @@ func FuzzFlakeyArgs(f *testing.F) {
 			return
 		}
 		table := tg.Status(StatusTable)
-		tg2, err := Flakey.New(newFaultCtor(&testFaultClock{}, 2048, dev), SplitArgs(table))
+		tg2, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(table))
 		if err != nil {
 			t.Fatalf("%q: table form %q rejected: %v", params, table, err)
 		}
@@ -626,4 +616,50 @@ func FuzzFlakeyArgs(f *testing.F) {
 		tg.ReadAt(context.Background(), buf, 100)
 		tg.WriteAt(context.Background(), buf, 100)
 	})
+}
+
+// TestFlakeyRangeCheck: flakey's area on its device is checked like every
+// other target's, with the offset in sectors (drivers/md/dm-table.c:
+// device_area_is_invalid, called through flakey_iterate_devices with
+// fc->start and ti->len). A table mapping past the end is refused.
+func TestFlakeyRangeCheck(t *testing.T) {
+	dev := NewMemDevice("8:16", 16384*SectorSize)
+	for _, tc := range []struct {
+		length     int64
+		in, reason string
+	}{
+		{2048, "8:16 15000 4 2", "8:16 too small for target: start=15000, len=2048, dev_size=16384"},
+		{2048, "8:16 16384 4 2", "8:16 too small for target: start=16384, len=2048, dev_size=16384"},
+		{16385, "8:16 0 4 2", "8:16 too small for target: start=0, len=16385, dev_size=16384"},
+	} {
+		_, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, tc.length, dev), SplitArgs(tc.in))
+		var ae *ArgError
+		if !errors.As(err, &ae) || ae.Reason != tc.reason || !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("flakey %q (len %d): %v, want EINVAL %q", tc.in, tc.length, err, tc.reason)
+		}
+	}
+	if _, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs("8:16 14336 4 2")); err != nil {
+		t.Errorf("flakey ending at the device's last sector: %v", err)
+	}
+}
+
+// TestFlakeyRangeCheckFile: a flakey table past the end of a backing file is
+// refused when it is loaded (drivers/md/dm-table.c: device_area_is_invalid),
+// so that no write can grow the file.
+func TestFlakeyRangeCheckFile(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "f.img")
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg, _ := NewRegistry(Flakey)
+	m := NewManager(context.Background(), reg, nil)
+	defer m.RemoveAll()
+	_, err := m.Create(CreateOptions{Name: "f", Minor: -1, Table: "0 1024 flakey ./f.img 1536 4 2", Dir: dir})
+	if want := "f: line 1: flakey: " + img + " too small for target: start=1536, len=1024, dev_size=2048"; err == nil || err.Error() != want {
+		t.Fatalf("create: %v, want %q", err, want)
+	}
+	if st, err := os.Stat(img); err != nil || st.Size() != 1<<20 {
+		t.Fatalf("backing file: %v, %v", st.Size(), err)
+	}
 }

@@ -2,10 +2,12 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -65,7 +67,7 @@ func FuzzManagerMessage(f *testing.F) {
 		defer cancel()
 		out, err := m.Message(ctx, name, sector, args)
 		if err != nil {
-			if errnoName(err) == "" {
+			if errno := syscall.Errno(0); !errors.As(err, &errno) {
 				t.Fatalf("%q: error %v without an errno", text, err)
 			}
 			if out != "" && !strings.HasPrefix(strings.ToLower(text), "@") {

@@ -1,13 +1,10 @@
 package stack
 
 import (
-	"bytes"
-	"errors"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
-	"testing/iotest"
 )
 
 // formatConcise writes devices back in the concise format, escaping what
@@ -94,36 +91,6 @@ func FuzzSplitArgs(f *testing.F) {
 		}
 		if again := SplitArgs(strings.Join(esc, " ")); !reflect.DeepEqual(again, words) {
 			t.Fatalf("%q splits to %q; escaped and joined, to %q", s, words, again)
-		}
-	})
-}
-
-// FuzzReadRequest feeds arbitrary bytes, one at a time, to the control
-// socket's stream reader: it accepts exactly what DecodeRequest accepts of
-// the first line, and without a newline reports an incomplete request.
-func FuzzReadRequest(f *testing.F) {
-	for _, s := range []string{
-		"{\"op\":\"ls\"}\n", "{\"op\":\"ls\"}", "{\"op\":\"ls\"}\n{\"op\":\"targets\"}\n", "\n",
-		"{\"op\":\"create\",\"name\":\"d\",\"table\":\"0 8 zero\",\"dir\":\"/tmp\"}\nrest",
-		"{\"op\":\"message\",\"name\":\"d\",\"args\":[\"a\\nb\"]}\n",
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		req, err := ReadRequest(iotest.OneByteReader(bytes.NewReader(data)))
-		i := bytes.IndexByte(data, '\n')
-		if i < 0 {
-			if !errors.Is(err, ErrIncompleteRequest) {
-				t.Fatalf("%q without a newline: %+v, %v; want an incomplete request", data, req, err)
-			}
-			return
-		}
-		want, werr := DecodeRequest(data[:i+1])
-		if (err == nil) != (werr == nil) {
-			t.Fatalf("%q: ReadRequest gives %v, DecodeRequest %v", data, err, werr)
-		}
-		if err == nil && !reflect.DeepEqual(req, want) {
-			t.Fatalf("%q: ReadRequest %+v, DecodeRequest %+v", data, req, want)
 		}
 	})
 }

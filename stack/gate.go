@@ -12,9 +12,9 @@ const gateShards = 16
 
 // gate holds new I/O while a device is suspended and lets suspend wait for the
 // I/O already inside. Entering and leaving touch one randomly chosen,
-// cache-line-padded shard, so concurrent I/O shares no written cache line;
-// only suspend sums the shards (the per-CPU counters of the kernel's
-// in-flight accounting, spec §4.6).
+// cache-line-padded shard, so concurrent I/O shares no written cache line; only
+// suspend sums the shards, as the kernel sums its per-CPU md->pending_io counts
+// only when a suspend waits (drivers/md/dm.c: dm_wait_for_completion).
 type gate struct {
 	blocked atomic.Bool
 	shards  [gateShards]struct {

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"syscall"
 
 	"github.com/dmfuse/dmfuse/stats"
@@ -82,9 +83,35 @@ func (s *segment) mapRW(ctx context.Context, disk *stats.Disk, k ioKind, p []byt
 	return got, err
 }
 
-// span applies a discard or write-zeroes to [off, off+length), one piece per
-// segment.
+// span applies a discard or write-zeroes to [off, off+length) as the kernel
+// does for fallocate on a dm device (block/fops.c: blkdev_fallocate):
+//
+//   - A discard on a table that does not take discards (Table.Limits) fails
+//     with EOPNOTSUPP before any target sees it (block/blk-lib.c:
+//     blkdev_issue_discard on a queue whose max_discard_sectors is 0).
+//   - Write-zeroes on a table that does not take them, or that a target or
+//     device answers with EOPNOTSUPP, becomes ordinary writes of zeros
+//     (block/blk-lib.c: blkdev_issue_zeroout without
+//     BLKDEV_ZERO_NOFALLBACK falls back to blkdev_issue_zero_pages).
 func (t *Table) span(ctx context.Context, disk *stats.Disk, k ioKind, off, length int64) error {
+	switch {
+	case k == ioDiscard && !t.limits.Discard:
+		return syscall.EOPNOTSUPP
+	case k == ioZeroes && !t.limits.WriteZeroes:
+		return t.zeroOut(ctx, disk, off, length)
+	}
+	err := t.pieces(ctx, disk, k, off, length)
+	if k == ioZeroes && errors.Is(err, syscall.EOPNOTSUPP) {
+		return t.zeroOut(ctx, disk, off, length)
+	}
+	return err
+}
+
+// pieces hands a discard or write-zeroes to the targets, one piece per
+// segment: the core splits these at segment ends only (drivers/md/dm.c:
+// __process_abnormal_io and __send_changing_extent_only leave
+// ti->max_io_len out). It stops at the first failing piece.
+func (t *Table) pieces(ctx context.Context, disk *stats.Disk, k ioKind, off, length int64) error {
 	for length > 0 {
 		s := &t.segs[t.find(off)]
 		m := min(length, s.end-off)
@@ -93,20 +120,12 @@ func (t *Table) span(ctx context.Context, disk *stats.Disk, k ioKind, off, lengt
 		if !s.atMap {
 			pc.startAcct()
 		}
+		// Limits guarantees the target takes the operation.
 		var err error
-		switch tg := s.target.(type) {
-		case Discarder:
-			if k == ioDiscard {
-				err = tg.Discard(pc, off-s.start, m)
-				break
-			}
-			err = zeroes(pc, s.target, off-s.start, m)
-		default:
-			if k == ioDiscard {
-				err = syscall.EOPNOTSUPP
-			} else {
-				err = zeroes(pc, s.target, off-s.start, m)
-			}
+		if k == ioDiscard {
+			err = s.target.(Discarder).Discard(pc, off-s.start, m)
+		} else {
+			err = s.target.(ZeroWriter).WriteZeroes(pc, off-s.start, m)
 		}
 		pc.finish(m, err)
 		if err != nil {
@@ -117,11 +136,29 @@ func (t *Table) span(ctx context.Context, disk *stats.Disk, k ioKind, off, lengt
 	return nil
 }
 
-func zeroes(ctx context.Context, tg Target, off, n int64) error {
-	if z, ok := tg.(ZeroWriter); ok {
-		return z.WriteZeroes(ctx, off, n)
+// zeroChunk is the most zeros one fallback write carries: a bio of
+// BIO_MAX_VECS pages, as block/blk-lib.c: __blkdev_issue_zero_pages builds.
+const zeroChunk = 1 << 20
+
+// zeroPage is the data of the fallback writes. Targets never write into the
+// buffer of a write (io.WriterAt's contract), so one shared buffer serves.
+var zeroPage [zeroChunk]byte
+
+// zeroOut writes zeros over [off, off+length) as ordinary writes of at most
+// zeroChunk bytes each, the fallback of block/blk-lib.c:
+// blkdev_issue_zeroout (blkdev_issue_zero_pages). As there, every write is
+// issued even when one fails (the bios are chained and waited for
+// together), and the first error is returned.
+func (t *Table) zeroOut(ctx context.Context, disk *stats.Disk, off, length int64) error {
+	var first error
+	for length > 0 {
+		m := min(length, zeroChunk)
+		if _, err := t.rw(ctx, disk, ioWrite, zeroPage[:m], off); err != nil && first == nil {
+			first = err
+		}
+		off, length = off+m, length-m
 	}
-	return syscall.EOPNOTSUPP
+	return first
 }
 
 // flush sends one empty flush to every target that takes flushes; it is

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -16,6 +17,18 @@ import (
 
 // testDevice makes a live device with table text over devs.
 func testDevice(t testing.TB, text string, devs map[string]*MemDevice, clock Clock) *Device {
+	t.Helper()
+	bdevs := make(map[string]BlockDevice, len(devs))
+	for k, m := range devs {
+		bdevs[k] = m
+	}
+	return liveDevice(t, text, bdevs, clock)
+}
+
+// liveDevice builds a device named "test" whose live table is text, over the
+// devices in devs (a name missing from devs fails the lookup); a nil clock is
+// the system clock.
+func liveDevice(t testing.TB, text string, devs map[string]BlockDevice, clock Clock) *Device {
 	t.Helper()
 	if clock == nil {
 		clock = stats.SystemClock
@@ -44,9 +57,9 @@ func testDevice(t testing.TB, text string, devs map[string]*MemDevice, clock Clo
 	return d
 }
 
-// TestStripeMapping checks the spec's worked mapping: with 2 stripes of 8
-// sectors, dm sector 27 lands on stripe 1 at sector 11 and dm sector 20 on
-// stripe 0 at sector 12.
+// TestStripeMapping checks drivers/md/dm-stripe.c: stripe_map_sector: with 2
+// stripes of 8 sectors, dm sector 27 lands on stripe 1 at sector 11 and dm
+// sector 20 on stripe 0 at sector 12.
 func TestStripeMapping(t *testing.T) {
 	s := &striped{stripes: make([]stripe, 2), chunk: 8 * SectorSize, chunkS: 8}
 	for _, c := range []struct {
@@ -243,9 +256,9 @@ func TestDiscardAndZeroes(t *testing.T) {
 	}
 }
 
-// TestAccountingRules checks spec §4.4 on a device: pieces split at segment
-// and chunk boundaries count separately, I/O killed by the error target
-// counts nothing, and in-flight returns to zero.
+// TestAccountingRules checks the accounting rules of the package documentation
+// on a device: pieces split at segment and chunk boundaries count separately,
+// I/O killed by the error target counts nothing, and in-flight returns to zero.
 func TestAccountingRules(t *testing.T) {
 	d := testDevice(t, "0 1024 linear 8:16 0\n1024 1024 linear 8:32 0\n2048 64 striped 2 8 8:16 2048 8:32 2048\n2112 64 error", testDevs(), nil)
 	ctx := context.Background()
@@ -394,6 +407,14 @@ func TestParseConcise(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+	// The Manager takes uuids as given: the config checks them.
+	long := "a," + strings.Repeat("u", 129) + ",,rw,0 8 zero"
+	if _, err := ParseConcise(long); err == nil || err.Error() != "line 1: a: uuid longer than 128 bytes" {
+		t.Errorf("uuid of 129 bytes: %v", err)
+	}
+	if devs, err := ParseConcise("a," + strings.Repeat("u", 128) + ",,rw,0 8 zero"); err != nil || len(devs[0].UUID) != 128 {
+		t.Errorf("uuid of 128 bytes: %v", err)
+	}
 	for _, empty := range []string{"", "# nothing\n", " ;\n", "\n\n"} {
 		if devs, err := ParseConcise(empty); err != nil || len(devs) != 0 {
 			t.Errorf("%q: %v, %v", empty, devs, err)
@@ -414,6 +435,9 @@ func FuzzConcise(f *testing.F) {
 		for _, d := range devs {
 			if ValidName(d.Name) != nil {
 				t.Fatalf("invalid name %q accepted", d.Name)
+			}
+			if ValidUUID(d.UUID) != nil {
+				t.Fatalf("device %q: invalid uuid %q accepted", d.Name, d.UUID)
 			}
 			if d.Table == "" {
 				t.Fatalf("device %q without a table", d.Name)

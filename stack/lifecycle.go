@@ -4,16 +4,17 @@ import (
 	"syscall"
 )
 
-// The device lifecycle follows device-mapper (spec §1.4, §1.5). Every
-// operation here takes the device's control lock, so that control operations
-// on one device run one at a time while I/O keeps flowing through the gate.
-// Hooks that reach the fs layer (onChange) run after the lock is released.
+// The device lifecycle follows device-mapper (drivers/md/dm-ioctl.c: do_resume;
+// drivers/md/dm.c: __dm_suspend, dm_resume). Every operation here takes the
+// device's control lock, so that control operations on one device run one at a
+// time while I/O keeps flowing through the gate. Hooks that reach the fs layer
+// (onChange) run after the lock is released.
 
 // Suspend holds new I/O at the gate and waits for the I/O already mapped
-// (spec §1.5): presuspend hooks first (delay releases its queue), then the
-// gate closes and drains, then postsuspend hooks. With noflush the targets are
-// told (presuspend) so that they keep queued I/O queued instead of failing it.
-// Suspending a suspended device is a successful no-op.
+// (drivers/md/dm.c: __dm_suspend): presuspend hooks first (delay releases its
+// queue), then the gate closes and drains, then postsuspend hooks. With noflush
+// the targets are told (presuspend) so that they keep queued I/O queued instead
+// of failing it. Suspending a suspended device is a successful no-op.
 func (d *Device) Suspend(noflush bool) error {
 	d.ctl.Lock()
 	defer d.ctl.Unlock()
@@ -76,11 +77,11 @@ func (d *Device) Clear() {
 }
 
 // Resume makes the inactive table live, if there is one (suspending first),
-// runs the preresume and resume hooks and releases held I/O (spec §1.4). With
-// no inactive table, resuming an active device is a no-op, and a suspended
-// device with no live table gives EINVAL. If a preresume hook fails, the
-// swap has already happened (as in dm): the new table is live and the device
-// stays suspended.
+// runs the preresume and resume hooks and releases held I/O
+// (drivers/md/dm-ioctl.c: do_resume). With no inactive table, resuming an
+// active device is a no-op, and a suspended device with no live table gives
+// EINVAL. If a preresume hook fails, the swap has already happened (as in dm):
+// the new table is live and the device stays suspended.
 func (d *Device) Resume() error {
 	d.ctl.Lock()
 	swapped, err := d.resumeLocked()

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -50,10 +51,9 @@ type Manager struct {
 	byMinor map[uint32]*Device
 	nextIno uint64
 
-	// Hooks the fs layer sets before devices are created: OnAdd after a
-	// device is created, OnRemove after it is removed, OnChange after its
-	// live table or its name changed. They are called with no lock held.
-	OnAdd    func(*Device)
+	// Hooks the fs layer sets before devices are created: OnRemove after a
+	// device is removed, OnChange after its live table or its name changed.
+	// They are called with no lock held.
 	OnRemove func(*Device)
 	OnChange func(*Device)
 
@@ -63,6 +63,13 @@ type Manager struct {
 	// the device itself. Unset, every such message fails with "Unsupported
 	// message sent to DM core" (EINVAL).
 	CoreMessage func(d *Device, args []string) (string, error)
+
+	// Open, when set, resolves the device arguments of every table the
+	// manager builds in place of its own lookup of paths, MAJOR:MINOR and
+	// mapped device names, so that tables can be built over devices that are
+	// not files (stacktest.Opener serves memory devices). What it returns is
+	// closed with the table if it has a Close method.
+	Open func(arg string) (BlockDevice, error)
 }
 
 // NewManager returns a manager that builds tables with reg. ctx lives as long
@@ -77,7 +84,10 @@ func NewManager(ctx context.Context, reg *Registry, clock Clock) *Manager {
 // Registry returns the manager's target types.
 func (m *Manager) Registry() *Registry { return m.reg }
 
-// ValidName checks a device name against interface.md §2.
+// ValidName checks that name can name a device: 1 to 127 bytes, none of the
+// names the mount uses itself (stats, diskstats, ., ..), and no '/',
+// whitespace, ',', ';' or ':'. The Manager takes names as given: control
+// requests and config files are checked where they are read.
 func ValidName(name string) error {
 	switch {
 	case name == "":
@@ -92,8 +102,19 @@ func ValidName(name string) error {
 	return nil
 }
 
+// ValidUUID checks that uuid can be a device's uuid: at most 128 bytes, as
+// dm's DM_UUID_LEN leaves room for; "" means none. Like names, uuids are
+// checked where requests and config files are read.
+func ValidUUID(uuid string) error {
+	if len(uuid) > 128 {
+		return errors.New("uuid longer than 128 bytes")
+	}
+	return nil
+}
+
 // CreateOptions describes a device to create.
 type CreateOptions struct {
+	// Name and UUID must pass ValidName and ValidUUID.
 	Name, UUID string
 	// Minor is the minor to use; negative picks the lowest free one.
 	Minor    int
@@ -108,12 +129,6 @@ type CreateOptions struct {
 // Create makes a device and, unless NoTable, loads and resumes its table. It
 // is all-or-nothing: on any failure nothing is left behind.
 func (m *Manager) Create(o CreateOptions) (*Device, error) {
-	if err := ValidName(o.Name); err != nil {
-		return nil, &DeviceError{Name: o.Name, Err: &ArgError{Reason: err.Error()}}
-	}
-	if len(o.UUID) > 128 {
-		return nil, &DeviceError{Name: o.Name, Err: &ArgError{Reason: "uuid longer than 128 bytes"}}
-	}
 	var lines []Line
 	if !o.NoTable {
 		var err error
@@ -173,9 +188,6 @@ func (m *Manager) Create(o CreateOptions) (*Device, error) {
 		}
 	}
 	d.ctl.Unlock()
-	if m.OnAdd != nil {
-		m.OnAdd(d)
-	}
 	if !o.NoTable {
 		m.changed(d)
 	}
@@ -215,15 +227,21 @@ func (m *Manager) Build(d *Device, text string, dir string) (*Table, error) {
 }
 
 func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, error) {
+	open := m.Open
+	if open == nil {
+		open = func(arg string) (BlockDevice, error) { return m.open(d, arg, ro, dir) }
+	}
 	return Build(lines, BuildOptions{
 		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent,
-		Open: func(arg string) (BlockDevice, error) { return m.open(d, arg, ro, dir) },
+		Open: open,
 	})
 }
 
 var majMin = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
 
-// open resolves one device argument of a table of device self (interface.md §4).
+// open resolves one device argument of a table of device self: MAJOR:MINOR
+// (253:N is the mapped device of minor N), a name without '/' (a mapped
+// device), or a path (relative to dir).
 func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevice, error) {
 	if mm := majMin.FindStringSubmatch(arg); mm != nil {
 		maj, _ := strconv.ParseUint(mm[1], 10, 32)
@@ -357,8 +375,9 @@ func (m *Manager) Devices() []*Device {
 	return out
 }
 
-// noSuchDevice is the error of a command naming a device that does not exist.
-func noSuchDevice(name string) error {
+// NoSuchDevice is the error of a command naming a device that does not
+// exist: "NAME: no such device" (ENXIO).
+func NoSuchDevice(name string) error {
 	return &DeviceError{Name: name, Err: &ArgError{Reason: "no such device", Errno: syscall.ENXIO}}
 }
 
@@ -367,21 +386,21 @@ func noSuchDevice(name string) error {
 func (m *Manager) acquire(name string) (*Device, error) {
 	d := m.Lookup(name)
 	if d == nil {
-		return nil, noSuchDevice(name)
+		return nil, NoSuchDevice(name)
 	}
 	d.ctl.Lock()
 	if d.isRemoved() || d.Name() != name {
 		// Removed or renamed while we waited for the lock.
 		d.ctl.Unlock()
-		return nil, noSuchDevice(name)
+		return nil, NoSuchDevice(name)
 	}
 	return d, nil
 }
 
-// Load builds a table for the device called name from text and puts it in
-// the inactive slot, replacing any table there (spec §1.4). Constructors run
-// now, so argument errors are reported now; on failure an older inactive
-// table is kept. Relative paths in text resolve against dir.
+// Load builds a table for the device called name from text and puts it in the
+// inactive slot, replacing any table there (drivers/md/dm-ioctl.c: table_load).
+// Constructors run now, so argument errors are reported now; on failure an
+// older inactive table is kept. Relative paths in text resolve against dir.
 func (m *Manager) Load(name, text, dir string) error {
 	lines, err := ParseTable(text)
 	if err != nil {
@@ -415,7 +434,7 @@ func (m *Manager) Clear(name string) error {
 	return nil
 }
 
-// Suspend suspends the device called name (spec §1.5).
+// Suspend suspends the device called name (Device.Suspend).
 func (m *Manager) Suspend(name string, noflush bool) error {
 	d, err := m.acquire(name)
 	if err != nil {
@@ -427,7 +446,7 @@ func (m *Manager) Suspend(name string, noflush bool) error {
 }
 
 // Resume resumes the device called name, making its inactive table live if
-// there is one (spec §1.4).
+// there is one (Device.Resume).
 func (m *Manager) Resume(name string) error {
 	d, err := m.acquire(name)
 	if err != nil {
@@ -511,12 +530,10 @@ func (m *Manager) remove(name string, force bool) error {
 	return nil
 }
 
-// Rename gives the device called name the name newName (EBUSY if a device of
-// that name exists). The device's event counter goes up.
+// Rename gives the device called name the name newName, which must pass
+// ValidName (EBUSY if a device of that name exists). The device's event
+// counter goes up.
 func (m *Manager) Rename(name, newName string) error {
-	if err := ValidName(newName); err != nil {
-		return &DeviceError{Name: name, Err: &ArgError{Reason: err.Error()}}
-	}
 	d, err := m.acquire(name)
 	if err != nil {
 		return err
@@ -541,16 +558,11 @@ func (m *Manager) Rename(name, newName string) error {
 	return nil
 }
 
-// SetUUID sets the uuid of the device called name. As in dm, a uuid can be
-// set only if none was set before (EINVAL), and must be unique (EBUSY). The
-// device's event counter goes up.
+// SetUUID sets the uuid of the device called name to uuid, which must be
+// non-empty and pass ValidUUID. As in dm, a uuid can be set only if none was
+// set before (EINVAL), and must be unique (EBUSY). The device's event
+// counter goes up.
 func (m *Manager) SetUUID(name, uuid string) error {
-	switch {
-	case uuid == "":
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "empty uuid"}}
-	case len(uuid) > 128:
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "uuid longer than 128 bytes"}}
-	}
 	d, err := m.acquire(name)
 	if err != nil {
 		return err
@@ -573,13 +585,19 @@ func (m *Manager) SetUUID(name, uuid string) error {
 	return nil
 }
 
-// Message sends a message to the device called name (spec §1.4): words
-// starting with `@` go to CoreMessage; others go to the live target covering
-// sector. It returns the target's response.
+// Message sends a message to the device called name, as
+// drivers/md/dm-ioctl.c: target_message does: a message of no words fails
+// ("Empty message received", EINVAL); one whose first word starts with `@`
+// goes to CoreMessage; any other goes to the target of the live table that
+// covers sector, and returns the target's response. A device with no live
+// table (none, or only an inactive one) takes such a message without an
+// error and answers nothing, as dm does when dm_get_live_table finds no
+// table; a suspended device keeps its live table and its targets get the
+// message.
 func (m *Manager) Message(ctx context.Context, name string, sector uint64, args []string) (string, error) {
 	d := m.Lookup(name)
 	if d == nil {
-		return "", noSuchDevice(name)
+		return "", NoSuchDevice(name)
 	}
 	fail := func(err error) (string, error) { return "", &DeviceError{Name: name, Err: err} }
 	if len(args) == 0 {
@@ -599,7 +617,6 @@ func (m *Manager) Message(ctx context.Context, name string, sector uint64, args 
 	var err error
 	d.WithTables(func(live, _ *Table) {
 		if live == nil {
-			err = &ArgError{Reason: "device has no live table", Errno: syscall.ENXIO}
 			return
 		}
 		if sector > uint64(live.Sectors()) {

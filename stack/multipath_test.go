@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -78,7 +79,8 @@ func (d *mpDev) Flush(ctx context.Context) error {
 	return d.MemDevice.Flush(ctx)
 }
 
-// mpFixture is a multipath target over mpDevs named like the spec's vectors.
+// mpFixture is a multipath target over mpDev paths named by MAJOR:MINOR (8:16,
+// 8:32, 8:48), as dmsetup prints block devices.
 type mpFixture struct {
 	m      *multipath
 	devs   map[string]*mpDev
@@ -149,7 +151,9 @@ func wantStr(t *testing.T, what, got, want string) {
 	}
 }
 
-// TestMultipathTableVectors checks every multipath vector of spec §5.1.
+// TestMultipathTableVectors checks the table and status lines of
+// drivers/md/dm-mpath.c: multipath_status for each selector, queue mode and
+// feature.
 func TestMultipathTableVectors(t *testing.T) {
 	t.Run("round-robin", func(t *testing.T) {
 		f := newMP(t, "0 0 1 1 round-robin 0 2 1 8:16 1000 8:32 1000")
@@ -245,8 +249,50 @@ func TestMultipathTablesGolden(t *testing.T) {
 	checkGolden(t, "multipath/tables.golden", out.String())
 }
 
-// TestMultipathRejected checks the multipath rows of spec §5.2 and more bad
-// tables: the error carries the kernel's text.
+// TestMultipathHWHandlerNonSCSI: a hardware handler needs a SCSI path
+// (scsi_dh). As drivers/md/dm-mpath.c: parse_path does for a path that is
+// not SCSI, the handler is logged and dropped at the first path: table prints
+// "0" for it and no group switch runs a pg_init. dmfuse paths are never
+// SCSI. A table without paths keeps the handler it was given.
+func TestMultipathHWHandlerNonSCSI(t *testing.T) {
+	var logs bytes.Buffer
+	log.SetOutput(&logs)
+	t.Cleanup(func() { log.SetOutput(os.Stderr) })
+	for _, c := range []struct{ params, table, status string }{
+		{"0 1 alua 1 1 round-robin 0 1 1 8:16 1",
+			"0 1024 multipath 0 0 1 1 round-robin 0 1 1 8:16 1 $",
+			"0 1024 multipath 2 0 0 0 1 1 A 0 1 0 8:16 A 0 $"},
+		{"0 3 emc 1 2 2 1 queue-length 0 1 1 8:16 1 round-robin 0 1 1 8:32 1",
+			"0 1024 multipath 0 0 2 1 queue-length 0 1 1 8:16 1 round-robin 0 1 1 8:32 1 $",
+			"0 1024 multipath 2 0 0 0 2 1 A 0 1 1 8:16 A 0 0 E 0 1 0 8:32 A 0 $"},
+		{"1 retain_attached_hw_handler 1 alua 1 1 round-robin 0 1 1 8:16 1",
+			"0 1024 multipath 1 retain_attached_hw_handler 0 1 1 round-robin 0 1 1 8:16 1 $",
+			"0 1024 multipath 2 0 0 0 1 1 A 0 1 0 8:16 A 0 $"},
+		{"0 1 alua 0 0", "0 1024 multipath 0 1 alua 0 0 $", ""},
+	} {
+		logs.Reset()
+		f := newMP(t, c.params)
+		wantStr(t, c.params+": table", f.table(), c.table)
+		dropped := strings.Count(logs.String(), "hardware handlers are only allowed for scsi devices")
+		if c.status == "" {
+			if dropped != 0 {
+				t.Errorf("%s: handler dropped without a path: %q", c.params, logs.String())
+			}
+			continue
+		}
+		if dropped != 1 {
+			t.Errorf("%s: log %q, want the handler dropped once", c.params, logs.String())
+		}
+		if err := f.read(t); err != nil {
+			t.Fatal(err)
+		}
+		// pg_init_count stays 0 after the first group switch.
+		wantStr(t, c.params+": status after I/O", f.status(), c.status)
+	}
+}
+
+// TestMultipathRejected checks tables that drivers/md/dm-mpath.c: multipath_ctr
+// refuses: the error carries the kernel's text.
 func TestMultipathRejected(t *testing.T) {
 	cases := []struct{ params, want string }{
 		{"0 0 1 0 round-robin 0 1 1 8:16 1", "invalid initial priority group"},
@@ -291,7 +337,8 @@ func TestMultipathRejected(t *testing.T) {
 }
 
 // TestMultipathTableRules: multipath must be alone in its table and cannot be
-// replaced by another type on reload, except by error (spec §5.2).
+// replaced by another type on reload, except by error (drivers/md/dm-ioctl.c:
+// table_load).
 func TestMultipathTableRules(t *testing.T) {
 	devs := testDevs()
 	reg, err := NewRegistry(Linear, Error, Multipath)
@@ -337,8 +384,8 @@ func TestMultipathTableRules(t *testing.T) {
 	}
 }
 
-// TestMultipathMessageVectors checks spec §5.4's multipath messages and the
-// other message errors.
+// TestMultipathMessageVectors checks the answers of drivers/md/dm-mpath.c:
+// multipath_message and its other message errors.
 func TestMultipathMessageVectors(t *testing.T) {
 	f := newMP(t, "0 0 2 1 round-robin 0 1 1 8:16 1 round-robin 0 1 1 8:32 1")
 	cases := []struct {
@@ -408,7 +455,8 @@ func TestMultipathEvents(t *testing.T) {
 }
 
 // TestMultipathRoundRobinOrder: A B A B ...; after fail A and reinstate A the
-// next pick is A (spec §5.1).
+// next pick is A (drivers/md/dm-ps-round-robin.c: rr_reinstate_path puts the
+// path back at the head of the valid list).
 func TestMultipathRoundRobinOrder(t *testing.T) {
 	f := newMP(t, "0 0 1 1 round-robin 0 2 1 8:16 1 8:32 1")
 	var order []string
@@ -442,9 +490,9 @@ func TestMultipathRoundRobinOrder(t *testing.T) {
 	}
 }
 
-// TestMultipathServiceTimeChoice: spec §3.3's example through the target: p1
-// with 4096 bytes in flight at rt 1, p2 with 8192 at rt 4; a 4096-byte I/O
-// goes to p2.
+// TestMultipathServiceTimeChoice: drivers/md/dm-ps-service-time.c:
+// st_compare_load through the target: p1 with 4096 bytes in flight at rt 1, p2
+// with 8192 at rt 4; a 4096-byte I/O goes to p2.
 func TestMultipathServiceTimeChoice(t *testing.T) {
 	f := newMP(t, "0 0 1 1 service-time 0 2 2 8:16 1 1 8:32 1 4")
 	pg := f.m.pgs[0]
@@ -459,9 +507,10 @@ func TestMultipathServiceTimeChoice(t *testing.T) {
 	}
 }
 
-// TestMultipathHSTStamp: the start stamp given to HST comes from the same
-// clock as the selector's, at map time; spec §3.4's worked example (a
-// 100,000 ns sample, base 972, 2 valid paths) then shows in status.
+// TestMultipathHSTStamp: the start stamp given to HST comes from the same clock
+// as the selector's, at map time; the arithmetic of
+// drivers/md/dm-ps-historical-service-time.c (a 100,000 ns sample, base 972, 2
+// valid paths) then shows in status.
 func TestMultipathHSTStamp(t *testing.T) {
 	f := newMP(t, "0 0 1 1 historical-service-time 0 2 1 8:16 1 8:32 1")
 	if !f.m.pgs[0].typ.HRTimer {
@@ -846,6 +895,64 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 	}
 }
 
+// TestMultipathEscapedPaths: table and status print each path escaped
+// (EscapeArg), so a table over files with white space or backslashes in
+// their names loads again, and fail_path / reinstate_path take a path in the
+// form given to the target (unescaped, as the message's word split leaves
+// it) or in the escaped form that table and status print.
+func TestMultipathEscapedPaths(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "x y")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, b := filepath.Join(dir, "a b.img"), filepath.Join(dir, `c\d	e.img`)
+	for _, p := range []string{a, b} {
+		if err := os.WriteFile(p, make([]byte, 1<<20), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := NewRegistry(Linear, Multipath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr := NewManager(context.Background(), reg, nil)
+	defer mgr.RemoveAll()
+	ea, eb := EscapeArg(a), EscapeArg(b)
+	if !strings.Contains(ea, `\ `) || !strings.Contains(eb, `\\`) || !strings.Contains(eb, "\\\t") {
+		t.Fatalf("test paths not escaped: %q %q", ea, eb)
+	}
+	table := "0 2048 multipath 0 1 alua 1 1 round-robin 0 2 1 " + ea + " 1 " + eb + " 1"
+	if _, err := mgr.Create(CreateOptions{Name: "mp", Minor: -1, Table: table}); err != nil {
+		t.Fatal(err)
+	}
+	d := mgr.Lookup("mp")
+	wantTable := "0 2048 multipath 0 0 1 1 round-robin 0 2 1 " + ea + " 1 " + eb + " 1 \n"
+	wantStr(t, "table", d.FormatTable(StatusTable, false), wantTable)
+	wantStr(t, "status", d.FormatTable(StatusInfo, false), "0 2048 multipath 2 1 0 0 1 1 E 0 2 0 "+ea+" A 0 "+eb+" A 0 \n")
+
+	// The printed table loads again, to the same table.
+	if _, err := mgr.Create(CreateOptions{Name: "again", Minor: -1, Table: strings.TrimSuffix(d.FormatTable(StatusTable, false), "\n")}); err != nil {
+		t.Fatalf("printed table does not load: %v", err)
+	}
+	wantStr(t, "table of the printed table", mgr.Lookup("again").FormatTable(StatusTable, false), wantTable)
+
+	send := func(words ...string) {
+		t.Helper()
+		if _, err := mgr.Message(context.Background(), "mp", 0, words); err != nil {
+			t.Errorf("%q: %v", words, err)
+		}
+	}
+	send("fail_path", a)       // as split from "fail_path <ea>"
+	send("reinstate_path", ea) // the printed form
+	send("fail_path", eb)      //
+	send("reinstate_path", b)  //
+	send("fail_path", dir+"/./a b.img")
+	wantStr(t, "status after messages", d.FormatTable(StatusInfo, false), "0 2048 multipath 2 1 0 0 1 1 E 0 2 0 "+ea+" F 2 "+eb+" A 1 \n")
+	if _, err := mgr.Message(context.Background(), "mp", 0, []string{"fail_path", filepath.Join(dir, `a\ c.img`)}); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("a path that is no path's, escaped: %v, want EINVAL", err)
+	}
+}
+
 // FuzzMultipathArgs: any table either builds, prints a table that builds
 // again to the same text, or fails with EINVAL.
 func FuzzMultipathArgs(f *testing.F) {
@@ -857,6 +964,8 @@ func FuzzMultipathArgs(f *testing.F) {
 		"2 pg_init_retries 5 0 1 1 round-robin 0 1 1 8:16 1",
 		"0 3 alua 1 2 1 1 queue-length 0 2 1 8:16 1 8:32 1",
 		"0 0 0 0", "1 foo 0 0 0", "9 0",
+		"+0 0 0 0", "4294967296 0 0 0", "0 0 4294967297 1 round-robin 0 1 0 8:16", "0 0 1 1 round-robin 0 +1 0 8:16",
+		"0 0 1 1 round-robin 0 1 1 8:16 4294967297", "0 2 alua x 0 0", "0 1 a\\ b 0 0", "0 1 a\\\\b 0 0",
 	} {
 		f.Add(s)
 	}
@@ -890,15 +999,25 @@ func FuzzMultipathArgs(f *testing.F) {
 // cleanly.
 func FuzzMultipathMessage(f *testing.F) {
 	for _, s := range []string{"fail_path 8:16", "reinstate_path 8:32", "switch_group 2", "disable_group 1",
-		"enable_group 2", "queue_if_no_path", "fail_if_no_path", "fail_path 8:99", "switch_group 0", "x y z"} {
+		"enable_group 2", "queue_if_no_path", "fail_if_no_path", "fail_path 8:99", "switch_group 0", "x y z",
+		"switch_group +1", "switch_group 4294967298", "disable_group \\ 1", "enable_group -0", "switch_group 0x1"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, msg string) {
 		m := newMP(t, "0 0 2 1 round-robin 0 2 1 8:16 1 8:32 1 historical-service-time 0 1 1 8:48 1")
 		for _, line := range strings.Split(msg, ";") {
-			_, err := m.m.Message(context.Background(), SplitArgs(line))
+			args := SplitArgs(line)
+			_, err := m.m.Message(context.Background(), args)
 			if err != nil && !errors.Is(err, syscall.EINVAL) {
 				t.Fatalf("%q: %v is not EINVAL", line, err)
+			}
+			// Group numbers are sscanf "%u%c" in 1..#groups.
+			if len(args) == 2 && (strings.EqualFold(args[0], "switch_group") ||
+				strings.EqualFold(args[0], "enable_group") || strings.EqualFold(args[0], "disable_group")) {
+				n, ok := dmarg.Uint32(args[1])
+				if want := ok && n >= 1 && n <= 2; (err == nil) != want {
+					t.Fatalf("%q: %v; group %d, %v", line, err, n, ok)
+				}
 			}
 		}
 		_ = m.m.Status(StatusInfo)

@@ -15,9 +15,9 @@ var Striped = &TargetType{Name: "striped", Version: [3]int{1, 7, 0}, New: newStr
 // stripeErrorLimit is how many errors of a stripe raise a table event.
 const stripeErrorLimit = 15
 
+// stripe is one stripe: its area on its device, and its error count.
 type stripe struct {
-	dev    BlockDevice
-	off    int64 // bytes
+	Remap
 	errors atomic.Uint32
 }
 
@@ -29,11 +29,10 @@ type striped struct {
 }
 
 var (
-	_ Flusher      = (*striped)(nil)
-	_ Discarder    = (*striped)(nil)
-	_ ZeroWriter   = (*striped)(nil)
-	_ MaxIOer      = (*striped)(nil)
-	_ DeviceLister = (*striped)(nil)
+	_ Flusher    = (*striped)(nil)
+	_ Discarder  = (*striped)(nil)
+	_ ZeroWriter = (*striped)(nil)
+	_ MaxIOer    = (*striped)(nil)
 )
 
 // newStriped constructs a striped target.
@@ -75,7 +74,7 @@ func newStriped(c *Ctor, args []string) (Target, error) {
 			}
 			return nil, err
 		}
-		s.stripes[i].dev, s.stripes[i].off = r.Dev, r.Off
+		s.stripes[i].Remap = r
 	}
 	return s, nil
 }
@@ -95,7 +94,7 @@ func (s *striped) MaxIO() int64 { return s.chunk }
 func (s *striped) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	i, o := s.mapOff(off)
 	st := &s.stripes[i]
-	n, err := st.dev.ReadAt(ctx, p, st.off+o)
+	n, err := st.ReadAt(ctx, p, o)
 	s.noteError(st, err)
 	return n, err
 }
@@ -103,7 +102,7 @@ func (s *striped) ReadAt(ctx context.Context, p []byte, off int64) (int, error) 
 func (s *striped) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	i, o := s.mapOff(off)
 	st := &s.stripes[i]
-	n, err := st.dev.WriteAt(ctx, p, st.off+o)
+	n, err := st.WriteAt(ctx, p, o)
 	s.noteError(st, err)
 	return n, err
 }
@@ -116,7 +115,7 @@ func (s *striped) noteError(st *stripe, err error) {
 	}
 	for i := range s.stripes {
 		x := &s.stripes[i]
-		if x.dev != st.dev {
+		if x.Dev != st.Dev {
 			continue
 		}
 		if x.errors.Add(1) < stripeErrorLimit && s.event != nil {
@@ -129,7 +128,7 @@ func (s *striped) noteError(st *stripe, err error) {
 func (s *striped) Flush(ctx context.Context) error {
 	var first error
 	for i := range s.stripes {
-		if err := s.stripes[i].dev.Flush(ctx); err != nil && first == nil {
+		if err := s.stripes[i].Flush(ctx); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -150,7 +149,8 @@ func (s *striped) stripeStart(o int64, i int) int64 {
 	}
 }
 
-// eachStripe calls f with the part of [off, off+n) that lives on each stripe.
+// eachStripe calls f with the part of [off, off+n) that lives on each stripe,
+// as a range of the stripe's area (before its offset on the device).
 func (s *striped) eachStripe(off, n int64, f func(st *stripe, o, l int64) error) error {
 	var first error
 	for i := range s.stripes {
@@ -159,7 +159,7 @@ func (s *striped) eachStripe(off, n int64, f func(st *stripe, o, l int64) error)
 			continue
 		}
 		st := &s.stripes[i]
-		if err := f(st, st.off+b, e-b); err != nil && first == nil {
+		if err := f(st, b, e-b); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -168,23 +168,17 @@ func (s *striped) eachStripe(off, n int64, f func(st *stripe, o, l int64) error)
 
 // Discard sends each stripe the part of the range that lives on it.
 func (s *striped) Discard(ctx context.Context, off, n int64) error {
-	return s.eachStripe(off, n, func(st *stripe, o, l int64) error { return st.dev.Discard(ctx, o, l) })
+	return s.eachStripe(off, n, func(st *stripe, o, l int64) error { return st.Discard(ctx, o, l) })
 }
 
 // WriteZeroes sends each stripe the part of the range that lives on it.
 func (s *striped) WriteZeroes(ctx context.Context, off, n int64) error {
-	return s.eachStripe(off, n, func(st *stripe, o, l int64) error { return st.dev.WriteZeroes(ctx, o, l) })
+	return s.eachStripe(off, n, func(st *stripe, o, l int64) error { return st.Dev.WriteZeroes(ctx, st.Off+o, l) })
 }
 
-func (s *striped) Devices() []BlockDevice {
-	out := make([]BlockDevice, len(s.stripes))
-	for i := range s.stripes {
-		out[i] = s.stripes[i].dev
-	}
-	return out
-}
-
-// Status: TABLE `<n> <chunk> <dev> <off>...`; INFO `<n> <dev> ... 1 <A|D per stripe>`.
+// Status: TABLE `<n> <chunk> <dev> <off>...`; INFO `<n> <dev> ... 1 <A|D per
+// stripe>` (drivers/md/dm-stripe.c: stripe_status). Device names are
+// escaped (EscapeArg), so that the TABLE form loads again.
 func (s *striped) Status(t StatusType) string {
 	var b strings.Builder
 	b.WriteString(strconv.Itoa(len(s.stripes)))
@@ -193,15 +187,13 @@ func (s *striped) Status(t StatusType) string {
 		b.WriteString(strconv.FormatInt(s.chunkS, 10))
 		for i := range s.stripes {
 			b.WriteByte(' ')
-			b.WriteString(s.stripes[i].dev.Name())
-			b.WriteByte(' ')
-			b.WriteString(strconv.FormatInt(s.stripes[i].off/SectorSize, 10))
+			b.WriteString(s.stripes[i].Table())
 		}
 		return b.String()
 	}
 	b.WriteByte(' ')
 	for i := range s.stripes {
-		b.WriteString(s.stripes[i].dev.Name())
+		b.WriteString(EscapeArg(s.stripes[i].Dev.Name()))
 		b.WriteByte(' ')
 	}
 	b.WriteString("1 ")

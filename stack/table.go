@@ -45,11 +45,11 @@ func (e *TableError) Error() string {
 
 func (e *TableError) Unwrap() error { return e.Err }
 
-// ParseTable reads table text as dmsetup does (spec §1.1): each line is
-// trimmed, empty lines and lines starting with `#` are skipped, the first
-// three fields are start, length and type, and the rest of the line, cut at
-// any `#`, is the parameter string. It checks only the syntax; the rules of
-// spec §1.2 are checked by Build.
+// ParseTable reads table text as dmsetup does (lvm2's dmsetup.c: _parse_line):
+// each line is trimmed, empty lines and lines starting with `#` are skipped,
+// the first three fields are start, length and type, and the rest of the line,
+// cut at any `#`, is the parameter string. It checks only the syntax; Build
+// checks the rest.
 func ParseTable(text string) ([]Line, error) {
 	var lines []Line
 	for i, raw := range strings.Split(text, "\n") {
@@ -106,6 +106,7 @@ type Table struct {
 	readOnly bool
 	devs     []BlockDevice // opened through Ctor.Open, closed with the table
 	deps     []*Device     // mapped devices among devs
+	limits   Limits        // whether the whole table takes discards and write-zeroes
 }
 
 // BuildOptions carries what constructors need besides the text.
@@ -124,8 +125,9 @@ type BuildOptions struct {
 	Event func()
 }
 
-// Build checks lines against the rules of spec §1.2 in the kernel's order and
-// constructs every target. On any error it destroys what it built and returns a
+// Build checks lines as drivers/md/dm-table.c: dm_table_add_target and
+// drivers/md/dm-ioctl.c: table_load do, in the kernel's order, and constructs
+// every target. On any error it destroys what it built and returns a
 // *TableError naming the line.
 func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 	if len(lines) == 0 {
@@ -143,6 +145,7 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 	}()
 	var next uint64
 	var immutable *TargetType
+	t.limits = Limits{Discard: true, WriteZeroes: true}
 	for _, l := range lines {
 		fail := func(e error) error { return &TableError{Line: l.N, Target: l.Type, Err: e} }
 		if l.Len == 0 {
@@ -167,6 +170,8 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 		if l.Start != next {
 			return t, fail(Errorf("Gap in table"))
 		}
+		// The devices this line opens, like the kernel's iterate_devices.
+		var lineDevs []BlockDevice
 		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event,
 			Open: func(arg string) (BlockDevice, error) {
 				d, err := o.Open(arg)
@@ -174,6 +179,7 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 					return nil, err
 				}
 				t.devs = append(t.devs, d)
+				lineDevs = append(lineDevs, d)
 				if md, ok := d.(interface{ mapped() *Device }); ok {
 					t.deps = append(t.deps, md.mapped())
 				}
@@ -183,6 +189,9 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 		if err != nil {
 			return t, fail(err)
 		}
+		lim := targetLimits(tg, lineDevs)
+		t.limits.Discard = t.limits.Discard && lim.Discard
+		t.limits.WriteZeroes = t.limits.WriteZeroes && lim.WriteZeroes
 		seg := segment{start: int64(l.Start) * SectorSize, end: int64(l.Start+l.Len) * SectorSize, line: l, typ: typ, target: tg}
 		if m, ok := tg.(MaxIOer); ok {
 			seg.maxIO = m.MaxIO()
@@ -200,8 +209,31 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 	return t, nil
 }
 
+// targetLimits decides whether one target takes discards and write-zeroes,
+// given the devices it opened, as drivers/md/dm-table.c:
+// dm_table_supports_discards and dm_table_supports_write_zeroes do for each
+// target: the target must take the operation (num_discard_bios,
+// num_write_zeroes_bios) and every device it uses must take it too, except
+// that a DiscardOwner takes discards whatever its devices (dm's
+// discards_supported).
+func targetLimits(tg Target, devs []BlockDevice) (lim Limits) {
+	_, lim.Discard = tg.(Discarder)
+	_, owner := tg.(DiscardOwner)
+	_, lim.WriteZeroes = tg.(ZeroWriter)
+	for _, d := range devs {
+		dl := limitsOf(d)
+		lim.Discard = lim.Discard && (owner || dl.Discard)
+		lim.WriteZeroes = lim.WriteZeroes && dl.WriteZeroes
+	}
+	return lim
+}
+
 // Size is the table's length in bytes.
 func (t *Table) Size() int64 { return t.size }
+
+// Limits says whether the table takes discards and write-zeroes: only if
+// every target and the devices it uses do.
+func (t *Table) Limits() Limits { return t.limits }
 
 // Sectors is the table's length in sectors.
 func (t *Table) Sectors() int64 { return t.size / SectorSize }
@@ -212,10 +244,8 @@ func (t *Table) NumTargets() int { return len(t.segs) }
 // ReadOnly reports whether the table was built for a read-only device.
 func (t *Table) ReadOnly() bool { return t.readOnly }
 
-// Deps returns the mapped devices the table stacks on.
-func (t *Table) Deps() []*Device { return t.deps }
-
-// Devices returns every device the table opened.
+// Devices returns every device the table opened, in the order the targets
+// opened them (dm_table_get_devices).
 func (t *Table) Devices() []BlockDevice { return t.devs }
 
 // Targets calls f for each target with its start and length in sectors and

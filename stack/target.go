@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/stack/clock"
 )
 
 // SectorSize is the size of a device-mapper sector in bytes. Every start, length
@@ -48,14 +50,30 @@ type Flusher interface {
 	Flush(ctx context.Context) error
 }
 
-// Discarder is implemented by targets that handle discards (fallocate
-// PUNCH_HOLE). A target without it fails a discard with EOPNOTSUPP.
+// Discarder is implemented by targets that take discards (fallocate
+// PUNCH_HOLE), as dm targets that set num_discard_bios. A table takes
+// discards only if every target does and, unless it is a DiscardOwner,
+// every device the target opened through Ctor.Open does too
+// (drivers/md/dm-table.c: dm_table_supports_discards). On a table that does
+// not, a discard fails with EOPNOTSUPP before any target sees it.
 type Discarder interface {
 	Discard(ctx context.Context, off, n int64) error
 }
 
-// ZeroWriter is implemented by targets that handle write-zeroes (fallocate
-// ZERO_RANGE). A target without it fails write-zeroes with EOPNOTSUPP.
+// DiscardOwner is implemented by Discarders that complete discards
+// themselves whatever their devices take (dm's discards_supported): zero
+// drops them, error fails them.
+type DiscardOwner interface {
+	OwnsDiscards()
+}
+
+// ZeroWriter is implemented by targets that take write-zeroes (fallocate
+// ZERO_RANGE), as dm targets that set num_write_zeroes_bios. A table takes
+// write-zeroes only if every target does and every device the target opened
+// through Ctor.Open does too (drivers/md/dm-table.c:
+// dm_table_supports_write_zeroes). On a table that does not, the device
+// writes zeros through WriteAt instead (block/blk-lib.c:
+// blkdev_issue_zeroout falls back to blkdev_issue_zero_pages).
 type ZeroWriter interface {
 	WriteZeroes(ctx context.Context, off, n int64) error
 }
@@ -96,20 +114,14 @@ type MaxIOer interface {
 }
 
 // MapAccounter is implemented by targets that decide, at map time, whether an
-// I/O is passed on or killed (error, flakey, dust, delay, multipath). For such a
-// target the device does not start accounting before calling it; the target
+// I/O is passed on or killed (error, flakey, dust, delay, multipath). For such
+// a target the device does not start accounting before calling it; the target
 // calls StartAccounting(ctx) when it passes the piece on or completes it
 // itself. A piece that returns an error without accounting started was killed
-// at map time and is not counted at all (spec §4.4); one that succeeds without
-// it is counted at completion.
+// at map time and is not counted at all (drivers/md/dm.c: __map_bio on
+// DM_MAPIO_KILL); one that succeeds without it is counted at completion.
 type MapAccounter interface {
 	AccountsAtMap()
-}
-
-// DeviceLister is implemented by targets that reference underlying devices; it
-// lets the table list them (dependencies, `dmfuse ls --tree`).
-type DeviceLister interface {
-	Devices() []BlockDevice
 }
 
 // BlockDevice is an underlying device: a backing file, a block device or
@@ -123,8 +135,30 @@ type BlockDevice interface {
 	// Size is the device's size in bytes.
 	Size() int64
 	// Name is how table and status print the device: a mapped device's
-	// name, a file's absolute path, or MAJOR:MINOR.
+	// name, a file's absolute path, or MAJOR:MINOR. Targets print it
+	// through EscapeArg.
 	Name() string
+}
+
+// Limits says which optional operations an underlying device takes, as a
+// block device's queue limits do (a max_discard_sectors or
+// max_write_zeroes_sectors of 0 means no).
+type Limits struct {
+	Discard, WriteZeroes bool
+}
+
+// Limiter is implemented by BlockDevices that may not take discards or
+// write-zeroes. A device without it takes both.
+type Limiter interface {
+	Limits() Limits
+}
+
+// limitsOf returns the limits of dev.
+func limitsOf(dev BlockDevice) Limits {
+	if l, ok := dev.(Limiter); ok {
+		return l.Limits()
+	}
+	return Limits{Discard: true, WriteZeroes: true}
 }
 
 // Ctor is what a target constructor gets besides its arguments.
@@ -135,8 +169,9 @@ type Ctor struct {
 	ReadOnly bool
 	// Clock is the daemon's monotonic clock.
 	Clock Clock
-	// Open resolves a device argument (interface.md §4). The table owns what it
-	// returns and closes it with the table.
+	// Open resolves a device argument (a mapped device's name, MAJOR:MINOR
+	// or a file's path), as dm_get_device does. The table owns what it
+	// returns, lists it and closes it with the table.
 	Open func(arg string) (BlockDevice, error)
 	// Context is the daemon's long-lived context, for constructors that start
 	// goroutines.
@@ -145,9 +180,10 @@ type Ctor struct {
 	Event func()
 }
 
-// Clock returns monotonic nanoseconds. Targets whose behaviour depends on time
-// take it from Ctor.Clock so that tests can drive them with a manual clock.
-type Clock interface{ Nanotime() int64 }
+// Clock returns monotonic nanoseconds (clock.Clock). Targets whose behaviour
+// depends on time take it from Ctor.Clock so that tests can drive them with a
+// manual clock.
+type Clock = clock.Clock
 
 // TargetType describes one target type: its name, version and constructor.
 type TargetType struct {

@@ -4,18 +4,21 @@
 //
 // # Accounting rules
 //
-// A Disk follows the accounting of a bio-based device-mapper device (spec §4.4):
-// the device layer calls Start when a piece is passed on and Done when it
-// completes. Counts, sectors and durations are added at completion; in-flight
-// counts go up at Start and down at Done; an empty flush is a write of 0 sectors
-// and a discard is its own group but a write in the in-flight counts.
+// A Disk follows the accounting of a bio-based device-mapper device
+// (drivers/md/dm.c: dm_io_acct; block/blk-core.c: bdev_start_io_acct,
+// bdev_end_io_acct): the device layer calls Start when a piece is passed on and
+// Done when it completes. Counts, sectors and durations are added at
+// completion; in-flight counts go up at Start and down at Done; an empty flush
+// is a write of 0 sectors and a discard is its own group but a write in the
+// in-flight counts.
 //
 // # Scalability
 //
 // The counters live in cache-line-padded shards, so that concurrent I/O on many
-// cores does not write a shared cache line (spec §4.6, and the per-CPU
-// in-flight lesson of the device-mapper list: shared in-flight counters cost a
-// dm-linear device two thirds of its IOPS). Shards are summed only when
+// cores does not write a shared cache line, as the kernel keeps its in-flight
+// counts per CPU (block/genhd.c: part_in_flight, bdev_count_inflight since
+// 6.16): shared in-flight counters cost a dm-linear device two thirds of its
+// IOPS, as reported on the device-mapper list. Shards are summed only when
 // someone reads: Snapshot, and the io_ticks update, which sums the in-flight
 // counts at most once per tick per device.
 //
@@ -30,12 +33,13 @@
 // # io_ticks and time_in_queue
 //
 // io_ticks (field 10, "time spent doing I/O") is kept by the current kernel
-// algorithm (spec §4.5): a stamp in ticks of 1 ms moved forward by
-// compare-and-swap; the one caller per tick that wins it adds the time since the
-// old stamp if the device was busy (end of an I/O, or something in flight).
-// Readers bring io_ticks up to date while I/O is in flight, so a hung I/O shows
-// 100% busy. time_in_queue (field 11) is the sum of the durations of completed
-// I/Os, kept in nanoseconds and divided once when printed.
+// algorithm (block/blk-core.c: update_io_ticks, since 6.10): a stamp in ticks
+// of 1 ms moved forward by compare-and-swap; the one caller per tick that wins
+// it adds the time since the old stamp if the device was busy (end of an I/O,
+// or something in flight). Readers bring io_ticks up to date while I/O is in
+// flight, so a hung I/O shows 100% busy. time_in_queue (field 11) is the sum of
+// the durations of completed I/Os, kept in nanoseconds and divided once when
+// printed.
 package stats
 
 import (
@@ -44,6 +48,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/dmfuse/dmfuse/stack/clock"
 )
 
 // Op is the kind of one accounted I/O piece, as the bio-based device-mapper core sees it.
@@ -104,8 +110,8 @@ func (op Op) dir() int {
 	return 1
 }
 
-// Clock returns monotonic nanoseconds.
-type Clock interface{ Nanotime() int64 }
+// Clock returns monotonic nanoseconds (clock.Clock).
+type Clock = clock.Clock
 
 type monoClock struct{ base time.Time }
 
@@ -199,7 +205,11 @@ type Disk struct {
 	// regions are the dm-stats regions (nil while there are none): the
 	// one load the accounting path pays for dm-stats.
 	regions atomic.Pointer[regionSet]
-	_       [cacheLine]byte
+	// statsLast is the direction of the previous piece counted for
+	// dm-stats (regionSet.last), made by the first region and kept for the
+	// device's life, as the kernel's stats->last; guarded by ctlMu.
+	statsLast *atomic.Uint32
+	_         [cacheLine]byte
 	// stamp (in ticks) is read by every Start and Done but written at most
 	// once per tick; io_ticks is written by the winner of that write.
 	stamp   atomic.Int64
@@ -278,9 +288,9 @@ func (d *Disk) Done(op Op, sectors uint64, startNs int64) {
 	s.inflight[op.dir()].Add(-1)
 }
 
-// updateIOTicks is the kernel's update_io_ticks (spec §4.5). At most one
-// caller per tick gets past the compare-and-swap, so the in-flight sum is
-// computed at most once per tick.
+// updateIOTicks is block/blk-core.c: update_io_ticks. At most one caller per
+// tick gets past the compare-and-swap, so the in-flight sum is computed at most
+// once per tick.
 func (d *Disk) updateIOTicks(now int64, end bool) {
 	stamp := d.stamp.Load()
 	if now <= stamp || !d.stamp.CompareAndSwap(stamp, now) {
@@ -338,7 +348,8 @@ type Snapshot struct {
 }
 
 // Snapshot sums the shards. As a kernel stats reader does, it first brings
-// io_ticks up to date if anything is in flight (spec §4.5).
+// io_ticks up to date if anything is in flight (block/genhd.c: part_stat_show
+// calls update_io_ticks with end set).
 func (d *Disk) Snapshot() Snapshot {
 	var s Snapshot
 	r, w := d.inflightRaw()
@@ -372,9 +383,10 @@ func (d *Disk) Snapshot() Snapshot {
 func ms(ns uint64) uint64 { return uint64(uint32(ns / 1e6)) }
 
 // Fields returns the 17 numbers of a /proc/diskstats line after major, minor
-// and name (also the /sys/block/X/stat numbers), computed as spec §4.1 says:
-// merges and the flush fields are 0, each time field is floor(ns/1e6)
-// truncated to 32 bits, and field 11 divides the sum of all durations once.
+// and name (also the /sys/block/X/stat numbers), computed as block/genhd.c:
+// diskstats_show does: merges and the flush fields are 0, each time field is
+// floor(ns/1e6) truncated to 32 bits, and field 11 divides the sum of all
+// durations once.
 func (s *Snapshot) Fields() [17]uint64 {
 	var f [17]uint64
 	f[0] = s.IOs[GroupRead]

@@ -48,7 +48,9 @@ func checkFiles(t *testing.T, step string, d *Disk) {
 	golden(t, step+".inflight.golden", AppendInflight(nil, &s))
 }
 
-// TestWorkedExample reproduces spec §5.5 A to C byte for byte.
+// TestWorkedExample checks the diskstats, stat and inflight lines of a
+// bio-based dm device (HZ 1000) byte for byte after each of the workloads A to
+// C below.
 func TestWorkedExample(t *testing.T) {
 	c, d := newFake()
 

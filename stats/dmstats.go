@@ -1,9 +1,9 @@
 package stats
 
-// dm-stats: per-region statistics, as the kernel's dm-stats.c keeps them
-// (spec §4.7). A region is a range of sectors cut into areas of step sectors;
-// each area has its own counters, updated from the same two calls as the
-// device's diskstats (StartAt and DoneAt). A Disk without regions pays one
+// dm-stats: per-region statistics, as drivers/md/dm-stats.c keeps them
+// (dm_stats_account_io). A region is a range of sectors cut into areas of step
+// sectors; each area has its own counters, updated from the same two calls as
+// the device's diskstats (StartAt and DoneAt). A Disk without regions pays one
 // atomic pointer load per accounted piece and nothing else.
 //
 // The counting follows the kernel's code rather than its documentation:
@@ -20,6 +20,9 @@ package stats
 //   - the merged columns reproduce the kernel's misplaced parenthesis: a piece
 //     counts as merged if its start sector equals the truth value of "the
 //     previous piece ended at a non-zero sector and went the same direction";
+//     before the device's first counted piece the previous one counts as a
+//     read (dm_stats_init's last_sector ULLONG_MAX, last_rw UINT_MAX), and
+//     deleting every region does not reset it;
 //   - discards count as writes (dm-stats indexes by data direction);
 //   - every line of @stats_print shows +step, the last area's too.
 //
@@ -87,25 +90,36 @@ func (d *Disk) DoneAt(op Op, sectors uint64, startNs int64, r RegionRef) {
 // whole when a region is created or deleted.
 type regionSet struct {
 	regions []*region
-	// last is the merge state of the previous piece: 0 none, 1 read, 2 write.
-	// The kernel keeps it per CPU; dmfuse keeps one per device.
+	// last is the direction of the device's previous counted piece:
+	// lastWrite or not. The kernel keeps it per CPU; dmfuse keeps one per
+	// device (Disk.statsLast), for the device's life.
 	last *atomic.Uint32
 }
+
+// The values of regionSet.last; 0, its value before the device's first
+// counted piece, is not lastWrite.
+const (
+	lastRead  uint32 = 1
+	lastWrite uint32 = 2
+)
 
 func (s *regionSet) start(nowNs int64, op Op, off, n int64) RegionRef {
 	if n <= 0 || off < 0 {
 		return RegionRef{}
 	}
 	r := RegionRef{set: s, sector: uint64(off) >> 9, end: (uint64(off+n) + 511) >> 9, write: op.IsWrite()}
-	// The kernel's test is
+	// The kernel's test (dm_stats_account_io) is
 	//	bi_sector == (last_sector && (rw == WRITE) == (last_rw == WRITE))
-	// and last_sector is the end of the previous bio, non-zero once one ran.
-	var st uint32 = 1
+	// where last_sector is the end of the previous bio: never 0, neither
+	// after a bio (it ends past sector 0) nor before the first one
+	// (dm_stats_init sets ULLONG_MAX). last_rw starts at UINT_MAX, which is
+	// not WRITE, so before the first piece the previous one counts as a read.
+	st := lastRead
 	if r.write {
-		st = 2
+		st = lastWrite
 	}
 	prev := s.last.Load()
-	same := prev == st
+	same := (prev == lastWrite) == r.write
 	r.merged = (same && r.sector == 1) || (!same && r.sector == 0)
 	if prev != st {
 		s.last.Store(st)
@@ -321,9 +335,11 @@ func (d *Disk) StatsCreate(sp RegionSpec) (int, error) {
 	}
 	old := d.regions.Load()
 	var regions []*region
-	last := new(atomic.Uint32)
 	if old != nil {
-		regions, last = old.regions, old.last
+		regions = old.regions
+	}
+	if d.statsLast == nil {
+		d.statsLast = new(atomic.Uint32)
 	}
 	id := 0
 	for _, r := range regions {
@@ -352,7 +368,7 @@ func (d *Disk) StatsCreate(sp RegionSpec) (int, error) {
 	nr = append(nr, regions...)
 	nr = append(nr, rg)
 	slices.SortFunc(nr, func(a, b *region) int { return a.id - b.id })
-	d.regions.Store(&regionSet{regions: nr, last: last})
+	d.regions.Store(&regionSet{regions: nr, last: d.statsLast})
 	return id, nil
 }
 

@@ -6,11 +6,13 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 )
 
 // StatsMessage handles one of the device-mapper core's dm-stats messages
-// (spec §4.7), given as words with the message name first, for a device of
-// sizeSectors sectors:
+// (drivers/md/dm-stats.c: dm_stats_message), given as words with the message
+// name first, for a device of sizeSectors sectors:
 //
 //	@stats_create <range> <step> [<n> <opt>{n}] [<program_id> [<aux_data>]]
 //	@stats_delete <id>
@@ -22,8 +24,9 @@ import (
 //
 // Message names are matched without regard to case, as the kernel does.
 // handled is false if args[0] is none of these. Arguments are read as the
-// kernel reads them (sscanf, so a number is plain decimal digits and nothing
-// may follow it); numbers too large for their kernel type are refused. A
+// kernel reads them (sscanf: leading white space is skipped, no '+' is
+// taken, nothing may follow the number, and a number too large for its
+// kernel type wraps; see package dmarg). A
 // message that fails changes nothing; its error wraps the kernel's errno
 // (EINVAL for bad arguments, ENOENT for an unknown region, EOVERFLOW for too
 // many areas, ENOMEM past the memory cap, ENFILE for too many regions).
@@ -95,12 +98,12 @@ func (d *Disk) statsPrintMessage(args []string, reset bool) (string, error) {
 	first, n := uint64(0), ^uint64(0)
 	if len(args) == 4 {
 		if args[2] != "-" {
-			if first, err = parseUint(args[2], 64, "first line"); err != nil {
+			if first, err = parsePrintArg(args[2], "first line"); err != nil {
 				return "", err
 			}
 		}
 		if args[3] != "-" {
-			if n, err = parseUint(args[3], 64, "line count"); err != nil {
+			if n, err = parsePrintArg(args[3], "line count"); err != nil {
 				return "", err
 			}
 		}
@@ -118,40 +121,23 @@ func wordCount(args []string) error {
 	return invalid("%d argument(s) after the message name", len(args)-1)
 }
 
-// isDigits reports whether s is a non-empty run of decimal digits: what the
-// kernel's sscanf takes for %u, %lu and %llu with nothing after it.
-func isDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
-
-// parseUint reads an unsigned decimal of at most bits bits.
-func parseUint(s string, bits int, what string) (uint64, error) {
-	if !isDigits(s) {
+// parsePrintArg reads a @stats_print line number or line count: sscanf
+// "%lu%c", 64 bits wide.
+func parsePrintArg(s, what string) (uint64, error) {
+	v, ok := dmarg.Uint64(s)
+	if !ok {
 		return 0, invalid("%s %q: not an unsigned decimal number", what, s)
-	}
-	v, err := strconv.ParseUint(s, 10, bits)
-	if err != nil {
-		return 0, invalid("%s %q: out of range", what, s)
 	}
 	return v, nil
 }
 
-// parseID reads a region id: "%d", and not negative.
+// parseID reads a region id: sscanf "%d%c", and not negative.
 func parseID(s string) (int, error) {
-	t := strings.TrimPrefix(s, "-")
-	if !isDigits(t) {
+	v, ok := dmarg.Int32(s)
+	if !ok {
 		return 0, invalid("region id %q: not a number", s)
 	}
-	v, err := strconv.ParseInt(s, 10, 32)
-	if err != nil || v < 0 {
+	if v < 0 {
 		return 0, invalid("region id %q: must be 0 to %d", s, maxRegionID)
 	}
 	return int(v), nil
@@ -176,59 +162,39 @@ func ParseStatsCreate(args []string, sizeSectors uint64) (RegionSpec, error) {
 	}
 
 	a, _ := shift()
+	ok := false
 	if a == "-" {
 		sp.Start, sp.Len = 0, sizeSectors
 		if sp.Len == 0 {
 			sp.Len = 1
 		}
-	} else {
-		s, l, ok := strings.Cut(a, "+")
-		if !ok || !isDigits(s) || !isDigits(l) {
-			return sp, invalid("range %q: not - or <start>+<length>", a)
-		}
-		var err error
-		if sp.Start, err = strconv.ParseUint(s, 10, 64); err != nil {
-			return sp, invalid("range %q: start out of range", a)
-		}
-		if sp.Len, err = strconv.ParseUint(l, 10, 64); err != nil {
-			return sp, invalid("range %q: length out of range", a)
-		}
+	} else if sp.Start, sp.Len, ok = scanRange(a); !ok {
+		return sp, invalid("range %q: not - or <start>+<length>", a)
 	}
 	if end := sp.Start + sp.Len; sp.Start >= end {
 		return sp, invalid("range %q: empty or past the last sector", a)
 	}
 
 	a, _ = shift()
-	if div, ok := strings.CutPrefix(a, "/"); ok && isDigits(div) {
-		n, err := strconv.ParseUint(div, 10, 32)
-		if err != nil {
-			return sp, invalid("step %q: area count out of range", a)
-		}
+	if n, ok := scanDivisor(a); ok {
 		if n == 0 {
 			return sp, invalid("step %q: area count must be at least 1", a)
 		}
-		sp.Step = sp.Len / n
-		if sp.Len%n != 0 {
+		sp.Step = sp.Len / uint64(n)
+		if sp.Len%uint64(n) != 0 {
 			sp.Step++
 		}
 		sp.Step = max(sp.Step, 1)
-	} else {
-		if !isDigits(a) {
-			return sp, invalid("step %q: not <sectors> or /<areas>", a)
-		}
-		n, err := strconv.ParseUint(a, 10, 64)
-		if err != nil || n == 0 {
-			return sp, invalid("step %q: must be 1 to %d sectors", a, uint64(1<<64-1))
-		}
-		sp.Step = n
+	} else if sp.Step, ok = dmarg.Uint64(a); !ok {
+		return sp, invalid("step %q: not <sectors> or /<areas>", a)
+	} else if sp.Step == 0 {
+		return sp, invalid("step %q: must be 1 to %d sectors", a, uint64(1<<64-1))
 	}
 
-	if len(rest) > 0 && isDigits(rest[0]) {
+	// A first word that is a number (sscanf "%u%c") counts the options;
+	// anything else is the program id.
+	if n, ok := scanOptionCount(rest); ok {
 		a, _ = shift()
-		n, err := strconv.ParseUint(a, 10, 32)
-		if err != nil {
-			return sp, invalid("option count %q: out of range", a)
-		}
 		for ; n > 0; n-- {
 			opt, ok := shift()
 			if !ok {
@@ -263,18 +229,50 @@ func ParseStatsCreate(args []string, sizeSectors uint64) (RegionSpec, error) {
 	return sp, nil
 }
 
-// parseHistogram reads histogram boundaries: unsigned decimals separated by
-// commas, strictly increasing and above 0.
+// scanRange reads "<start>+<length>" as sscanf(a, "%llu+%llu%c") == 2.
+func scanRange(a string) (start, n uint64, ok bool) {
+	sc := dmarg.NewScanner(a)
+	if start, ok = sc.Uint64(); !ok || !sc.Literal('+') {
+		return 0, 0, false
+	}
+	if n, ok = sc.Uint64(); !ok || !sc.Done() {
+		return 0, 0, false
+	}
+	return start, n, true
+}
+
+// scanDivisor reads "/<areas>" as sscanf(a, "/%u%c") == 1.
+func scanDivisor(a string) (uint32, bool) {
+	sc := dmarg.NewScanner(a)
+	if !sc.Literal('/') {
+		return 0, false
+	}
+	n, ok := sc.Uint32()
+	return n, ok && sc.Done()
+}
+
+// scanOptionCount reads the first of the words left as an option count, if
+// it is one (sscanf "%u%c").
+func scanOptionCount(rest []string) (uint32, bool) {
+	if len(rest) == 0 {
+		return 0, false
+	}
+	return dmarg.Uint32(rest[0])
+}
+
+// parseHistogram reads histogram boundaries as parse_histogram does:
+// unsigned decimals (sscanf "%llu%c", the %c a comma) separated by commas,
+// strictly increasing and above 0.
 func parseHistogram(h string) ([]uint64, error) {
+	if i := strings.IndexByte(h, 0); i >= 0 {
+		h = h[:i] // a C string
+	}
 	var b []uint64
 	last := uint64(0)
 	for _, f := range strings.Split(h, ",") {
-		if !isDigits(f) {
+		v, ok := dmarg.Uint64(f)
+		if !ok {
 			return nil, fmt.Errorf("boundary %q: not an unsigned decimal number", f)
-		}
-		v, err := strconv.ParseUint(f, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("boundary %q: out of range", f)
 		}
 		if v <= last {
 			return nil, fmt.Errorf("boundary %d: not above %d (boundaries must be strictly increasing and above 0)", v, last)

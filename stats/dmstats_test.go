@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/dmfuse/dmfuse/stack/dmarg"
 )
 
 // transcript runs dm-stats messages on one disk and records each message with
@@ -89,7 +90,9 @@ func pieceIO(c *fakeClock, d *Disk, op Op, sector, sectors uint64, startNs, endN
 	d.DoneAt(op, sectors, startNs, r)
 }
 
-// TestDMStatsWorkedExample follows spec §5.6 on a device of 2048 sectors.
+// TestDMStatsWorkedExample drives regions through the messages of
+// drivers/md/dm-stats.c (dm_stats_message) on a device of 2048 sectors and
+// checks each answer, byte for byte.
 func TestDMStatsWorkedExample(t *testing.T) {
 	c, d := newFake()
 	tr := &transcript{t: t, d: d, size: 2048}
@@ -102,20 +105,20 @@ func TestDMStatsWorkedExample(t *testing.T) {
 	tr.must("@stats_print 1", "0+30 0 0 0 0 0 0 0 0 0 0 0 0 0 0:0:0\n30+30 0 0 0 0 0 0 0 0 0 0 0 0 0 0:0:0\n"+
 		"60+30 0 0 0 0 0 0 0 0 0 0 0 0 0 0:0:0\n90+30 0 0 0 0 0 0 0 0 0 0 0 0 0 0:0:0\n")
 
-	// One 8-sector read at sector 0 taking 2 ms. The spec's example prints
-	// 0 in the merged column; the kernel's code counts this first read as
-	// merged (its sector, 0, equals the false of "a previous bio ended at a
-	// non-zero sector in the same direction"), and so does dmfuse.
+	// One 8-sector read at sector 0 taking 2 ms: not merged. Before the
+	// first piece the kernel's last position is sector ULLONG_MAX, not a
+	// write (dm_stats_init), so "a previous bio ended at a non-zero sector
+	// in the same direction" is true for a read, and merged needs sector 1.
 	pieceIO(c, d, Read, 0, 8, msNs(100), msNs(102))
-	tr.must("@stats_print 0 0 1", "0+512 1 1 8 2 0 0 0 0 0 2 2 2 0\n")
+	tr.must("@stats_print 0 0 1", "0+512 1 0 8 2 0 0 0 0 0 2 2 2 0\n")
 	// Region 1 is precise: 2 ms = 2,000,000 ns, in the last histogram bucket.
-	tr.must("@stats_print 1 0 1", "0+30 1 1 8 2000000 0 0 0 0 0 2000000 2000000 2000000 0 0:0:1\n")
+	tr.must("@stats_print 1 0 1", "0+30 1 0 8 2000000 0 0 0 0 0 2000000 2000000 2000000 0 0:0:1\n")
 
 	// An 8-sector read at sector 508 is counted in areas 0 and 1 with 4
 	// sectors each; the previous read ended at sector 8 (non-zero, same
 	// direction), so "merged" needs sector 1: not merged.
 	pieceIO(c, d, Read, 508, 8, msNs(110), msNs(111))
-	tr.must("@stats_print 0 - 2", "0+512 2 1 12 3 0 0 0 0 0 3 3 3 0\n512+512 1 0 4 1 0 0 0 0 0 1 1 1 0\n")
+	tr.must("@stats_print 0 - 2", "0+512 2 0 12 3 0 0 0 0 0 3 3 3 0\n512+512 1 0 4 1 0 0 0 0 0 1 1 1 0\n")
 	tr.fails("@stats_create 10+0 1", syscall.EINVAL)
 	tr.fails("@stats_create - 0", syscall.EINVAL)
 	tr.fails("@stats_delete 7", syscall.ENOENT)
@@ -123,6 +126,77 @@ func TestDMStatsWorkedExample(t *testing.T) {
 	tr.must("@stats_create - 1", "0")
 	tr.must("@stats_list", "0: 0+2048 1 - -\n1: 0+100 30 myprog myaux precise_timestamps histogram:1000,2000\n")
 	golden(t, "dmstats/worked.golden", []byte(tr.b.String()))
+}
+
+// TestDMStatsMergeStart checks the merged columns from a device's first
+// piece on. dm_stats_init starts the kernel's last position at sector
+// ULLONG_MAX with direction UINT_MAX: non-zero, and not a write, as after a
+// read. With the kernel's test
+//
+//	bi_sector == (last_sector && (rw == WRITE) == (last_rw == WRITE))
+//
+// a first read is merged at sector 1 and a first write at sector 0. The last
+// position belongs to the device: deleting every region does not reset it.
+func TestDMStatsMergeStart(t *testing.T) {
+	type piece struct {
+		op     Op
+		sector uint64
+	}
+	merges := func(d *Disk) (r, w string) {
+		out, err := d.StatsPrint(0, 0, 1, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(out)
+		return f[2], f[6]
+	}
+	for _, c := range []struct {
+		name   string
+		pieces []piece
+		r, w   string // read and write merges
+	}{
+		{"read at 1", []piece{{Read, 1}}, "1", "0"},
+		{"read at 0", []piece{{Read, 0}}, "0", "0"},
+		{"write at 0", []piece{{Write, 0}}, "0", "1"},
+		{"write at 1", []piece{{Write, 1}}, "0", "0"},
+		{"read at 1 twice", []piece{{Read, 1}, {Read, 1}}, "2", "0"},
+		{"write at 5 then read at 0", []piece{{Write, 5}, {Read, 0}}, "1", "0"},
+		{"discard at 0", []piece{{Discard, 0}}, "0", "1"},
+	} {
+		c0, d := newFake()
+		if _, err := d.StatsCreate(RegionSpec{Len: 2048, Step: 2048, ProgramID: "-", Aux: "-"}); err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range c.pieces {
+			pieceIO(c0, d, p.op, p.sector, 8, msNs(int64(10*i+10)), msNs(int64(10*i+11)))
+		}
+		if r, w := merges(d); r != c.r || w != c.w {
+			t.Errorf("%s: merged reads %s, writes %s; want %s, %s", c.name, r, w, c.r, c.w)
+		}
+		d.StatsDeleteAll()
+	}
+
+	// A write, then every region deleted and one created: the device still
+	// remembers the write, so a write at sector 1 is merged.
+	c0, d := newFake()
+	spec := RegionSpec{Len: 2048, Step: 2048, ProgramID: "-", Aux: "-"}
+	if _, err := d.StatsCreate(spec); err != nil {
+		t.Fatal(err)
+	}
+	pieceIO(c0, d, Write, 100, 8, msNs(10), msNs(11))
+	if err := d.StatsDelete(0); err != nil {
+		t.Fatal(err)
+	}
+	// Pieces while no region exists do not move the last position (the
+	// kernel accounts nothing for dm-stats then).
+	pieceIO(c0, d, Read, 100, 8, msNs(20), msNs(21))
+	if _, err := d.StatsCreate(spec); err != nil {
+		t.Fatal(err)
+	}
+	pieceIO(c0, d, Write, 1, 8, msNs(30), msNs(31))
+	if r, w := merges(d); r != "0" || w != "1" {
+		t.Errorf("after delete and create: merged reads %s, writes %s; want 0, 1", r, w)
+	}
 }
 
 // TestDMStatsRounding checks io_ticks, time_in_queue, the read and write
@@ -146,7 +220,7 @@ func TestDMStatsRounding(t *testing.T) {
 	c.setMs(120)
 	d.DoneAt(Write, 8, msNs(105), w1)
 	// 107..110: 2 in flight (3, tiq 6, r 3, w 3); 110..120: write only.
-	tr.must("@stats_print 0 0 1", "0+1024 1 1 8 10 1 0 8 15 0 20 25 10 15\n")
+	tr.must("@stats_print 0 0 1", "0+1024 1 0 8 10 1 0 8 15 0 20 25 10 15\n")
 	// A clear keeps nothing but in-flight; a print_clear prints then clears.
 	c.setMs(130)
 	r2 := d.StartAt(Read, msNs(130), 1024*512, 512)
@@ -245,7 +319,6 @@ func TestDMStatsErrors(t *testing.T) {
 		{"@stats_create +10 1", syscall.EINVAL},
 		{"@stats_create 1+-1 1", syscall.EINVAL},
 		{"@stats_create 18446744073709551615+1 1", syscall.EINVAL},
-		{"@stats_create 99999999999999999999+1 1", syscall.EINVAL},
 		{"@stats_create - 0", syscall.EINVAL},
 		{"@stats_create - /0", syscall.EINVAL},
 		{"@stats_create - /", syscall.EINVAL},
@@ -300,6 +373,78 @@ func TestDMStatsErrors(t *testing.T) {
 	tr.must("@stats_list 7", "1: 5+1 1 7 -\n")
 	tr.must("@stats_list -", "2: 5+1 1 - - precise_timestamps\n")
 	golden(t, "dmstats/errors.golden", []byte(tr.b.String()))
+}
+
+// TestDMStatsNumberRules checks that message numbers are read as
+// dm-stats.c reads them, with sscanf: leading white space is skipped, no '+'
+// is taken, a region id may be "-0", and a number too large for its type
+// wraps instead of being refused.
+func TestDMStatsNumberRules(t *testing.T) {
+	_, d := newFake()
+	tr := &transcript{t: t, d: d, size: 2048}
+	split := func(line string) []string { return strings.Split(line, "|") } // keeps spaces inside words
+	run := func(line string) (string, error) {
+		out, _, err := d.StatsMessage(split(line), 2048)
+		return out, err
+	}
+	for _, c := range []struct {
+		line, out string // out "" with errno set: refused
+		errno     syscall.Errno
+	}{
+		// "%llu+%llu%c": start wraps modulo 2^64.
+		{"@stats_create|18446744073709551621+3|1", "0", 0},
+		{"@stats_create|99999999999999999999+1|1", "1", 0},
+		{"@stats_create| 7+1|1", "2", 0},
+		{"@stats_create|7+ 1|1", "3", 0},
+		{"@stats_create|7+1 |1", "", syscall.EINVAL},
+		{"@stats_create|+7+1|1", "", syscall.EINVAL},
+		{"@stats_create|7++1|1", "", syscall.EINVAL},
+		// "/%u%c": the divisor wraps to 32 bits.
+		{"@stats_create|-|/4294967298", "4", 0},
+		{"@stats_create|-|/4294967296", "", syscall.EINVAL},
+		{"@stats_create|-|/+2", "", syscall.EINVAL},
+		// "%llu%c" step.
+		{"@stats_create|0+8|18446744073709551617", "5", 0},
+		{"@stats_create|0+8|18446744073709551616", "", syscall.EINVAL},
+		{"@stats_create|0+8|+1", "", syscall.EINVAL},
+		// "%u%c" option count: 2^32 is 0 options; "+1" is a program id.
+		{"@stats_create|0+8|8|4294967296|prog", "6", 0},
+		{"@stats_create|0+8|8|+1", "7", 0},
+		// Histogram boundaries: "%llu%c" each.
+		{"@stats_create|0+8|8|1|histogram:18446744073709551617,2", "8", 0},
+		{"@stats_create|0+8|8|1|histogram:+1", "", syscall.EINVAL},
+		// "%d%c" region ids.
+		{"@stats_set_aux|-0|zero", "", 0},
+		{"@stats_set_aux|+0|x", "", syscall.EINVAL},
+		{"@stats_set_aux| 1|one", "", 0},
+		{"@stats_set_aux|4294967298|two", "", 0},
+		{"@stats_set_aux|-4294967293|three", "", 0},
+		{"@stats_delete|2147483648", "", syscall.EINVAL},
+		// "%lu%c" print lines.
+		{"@stats_print|4| 1|18446744073709551617", "1024+1024 0 0 0 0 0 0 0 0 0 0 0 0 0\n", 0},
+		{"@stats_print|4|+1|1", "", syscall.EINVAL},
+		{"@stats_print|4|1|-1", "", syscall.EINVAL},
+	} {
+		out, err := run(c.line)
+		fmt.Fprintf(&tr.b, "> %q\n", c.line)
+		if err != nil {
+			fmt.Fprintf(&tr.b, "error: %v\n", err)
+		} else {
+			fmt.Fprintf(&tr.b, "%s\n", out)
+		}
+		if c.errno != 0 {
+			if !errors.Is(err, c.errno) {
+				t.Errorf("%q: %q, %v; want %v", c.line, out, err, c.errno)
+			}
+			continue
+		}
+		if err != nil || out != c.out {
+			t.Errorf("%q: %q, %v; want %q", c.line, out, err, c.out)
+		}
+	}
+	tr.must("@stats_list", "0: 5+3 1 - zero\n1: 7766279631452241919+1 1 - one\n2: 7+1 1 - two\n3: 7+1 1 - three\n"+
+		"4: 0+2048 1024 - -\n5: 0+8 1 - -\n6: 0+8 8 prog -\n7: 0+8 8 +1 -\n8: 0+8 8 - - histogram:1,2\n")
+	golden(t, "dmstats/numbers.golden", []byte(tr.b.String()))
 }
 
 // TestDMStatsZeroCost checks that the accounting path allocates nothing,
@@ -405,6 +550,9 @@ func FuzzStatsMessage(f *testing.F) {
 		"@stats_create - /4", "@stats_create 0+100 30 2 precise_timestamps histogram:1000,2000 myprog myaux",
 		"@stats_create 10+0 1", "@stats_print 0 - 2", "@stats_print_clear 0 1 1", "@stats_list myprog",
 		"@stats_set_aux 0 x", "@stats_delete 0", "@stats_clear 0", "@stats_create - 1 1 histogram:1,",
+		"@stats_create 18446744073709551621+3 1", "@stats_create - /4294967298", "@stats_create 0+8 8 4294967296 p",
+		"@stats_delete -0", "@stats_delete +0", "@stats_delete 4294967296", "@stats_print 0 +1 1",
+		"@stats_create 0+8 8 1 histogram:18446744073709551617",
 	} {
 		f.Add(s)
 	}
@@ -419,6 +567,14 @@ func FuzzStatsMessage(f *testing.F) {
 		out, handled, err := d.StatsMessage(args, 2048)
 		if !handled || len(args) == 0 {
 			return
+		}
+		// A region id is sscanf "%d%c" and not negative: anything else is
+		// EINVAL, and only that.
+		if len(args) == 2 && (strings.EqualFold(args[0], "@stats_delete") || strings.EqualFold(args[0], "@stats_clear")) {
+			id, ok := dmarg.Int32(args[1])
+			if errors.Is(err, syscall.EINVAL) != (!ok || id < 0) {
+				t.Fatalf("%q: %v; %%d%%c reads %d, %v", line, err, id, ok)
+			}
 		}
 		if err != nil {
 			if after := d.StatsList("", true); after != before {

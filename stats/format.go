@@ -43,14 +43,16 @@ func AppendDiskstatsLine(b []byte, l *DiskstatsLine) []byte {
 	return append(b, '\n')
 }
 
-// AppendDiskstats appends the /proc/diskstats line of a device (spec §4.1).
+// AppendDiskstats appends the /proc/diskstats line of a device, as
+// block/genhd.c: diskstats_show prints it: "%4u %7u %s" and 17 numbers.
 func AppendDiskstats(b []byte, major, minor uint32, name string, s *Snapshot) []byte {
 	l := DiskstatsLine{Major: major, Minor: minor, Name: name, Fields: s.Fields()}
 	return AppendDiskstatsLine(b, &l)
 }
 
-// AppendStat appends the /sys/block/X/stat line of a device (spec §4.2): the
-// same 17 numbers, each "%8u", separated by single spaces, then a newline.
+// AppendStat appends the /sys/block/X/stat line of a device (block/genhd.c:
+// part_stat_show): the same 17 numbers, each "%8u", separated by single spaces,
+// then a newline.
 func AppendStat(b []byte, s *Snapshot) []byte {
 	for i, v := range s.Fields() {
 		if i > 0 {
@@ -61,8 +63,8 @@ func AppendStat(b []byte, s *Snapshot) []byte {
 	return append(b, '\n')
 }
 
-// AppendInflight appends the /sys/block/X/inflight line (spec §4.3):
-// "%8u %8u\n", reads then writes in flight.
+// AppendInflight appends the /sys/block/X/inflight line (block/genhd.c:
+// part_inflight_show): "%8u %8u\n", reads then writes in flight.
 func AppendInflight(b []byte, s *Snapshot) []byte {
 	b = appendPadded(b, uint64(s.InFlight[0]), 8)
 	b = append(b, ' ')

@@ -17,7 +17,8 @@ import (
 func promFixture() (*fakeClock, []Named) {
 	c := new(fakeClock)
 	a, b := NewDisk(c), NewDisk(c)
-	// a: the §5.5 A workload plus a write, a discard and an empty flush.
+	// a: TestWorkedExample's workload A plus a write, a discard and an empty
+	// flush.
 	for _, t0 := range []int64{100, 105, 110, 115} {
 		doIO(c, a, Read, 8, t0, t0+3)
 	}

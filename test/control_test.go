@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/control"
 
 	"github.com/dmfuse/dmfuse/test/golden"
 )
@@ -63,12 +63,12 @@ func (d *daemon) must(args ...string) string {
 
 // call sends one request straight to the daemon's socket (faster than the
 // client binary, for loops).
-func (d *daemon) call(req *stack.Request) error {
-	path, err := stack.DefaultControlPath(d.mnt)
+func (d *daemon) call(req *control.Request) error {
+	path, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		return err
 	}
-	resp, err := stack.CallControl(path, req)
+	resp, err := control.Call(path, req)
 	if err != nil {
 		return err
 	}
@@ -79,8 +79,9 @@ func (d *daemon) call(req *stack.Request) error {
 }
 
 // TestControlVerbs runs every verb through the client binary, good and bad
-// input, along spec §5.3's lifecycle vectors, and compares the transcript
-// (stdout, stderr, exit code) with a golden file.
+// input, through create, load, suspend, resume, clear, rename and remove as
+// dmsetup runs them, and compares the transcript (stdout, stderr, exit code)
+// with a golden file.
 func TestControlVerbs(t *testing.T) {
 	dir := t.TempDir()
 	sparseFile(t, filepath.Join(dir, "base.img"), 4096*sector)
@@ -222,7 +223,7 @@ func TestControlVerbs(t *testing.T) {
 	d.must("remove", "--force", "rel")
 
 	// Global flags before and after the verb, and --control.
-	sock, err := stack.DefaultControlPath(d.mnt)
+	sock, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,6 +240,27 @@ func TestControlVerbs(t *testing.T) {
 	cmd.Env = append(os.Environ(), "DMFUSE_MOUNT=")
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "no daemon given") {
 		t.Errorf("dmfuse ls without a daemon: %q, %v", out, err)
+	}
+}
+
+// TestControlMessageWithoutLiveTable sends a message through the client to
+// a device without a live table, then to one with only an inactive table:
+// as with dmsetup over dm's target_message, each exits 0 and prints nothing.
+// Once the table is live, the same message reaches its target.
+func TestControlMessageWithoutLiveTable(t *testing.T) {
+	d := startDaemon(t, t.TempDir(), "z,,,rw,0 8 zero\n")
+	d.must("create", "nt", "--notable")
+	for _, setup := range [][]string{nil, {"load", "nt", "--table", "0 8 zero"}} {
+		if setup != nil {
+			d.must(setup...)
+		}
+		if out, errs, code := d.dmfuse("/", "", "message", "nt", "0", "foo"); out != "" || errs != "" || code != 0 {
+			t.Errorf("message after %q: exit %d, stdout %q, stderr %q; want exit 0 and no output", setup, code, out, errs)
+		}
+	}
+	d.must("resume", "nt")
+	if _, errs, code := d.dmfuse("/", "", "message", "nt", "0", "foo"); code != 1 || errs != "dmfuse: nt: zero: Target type does not support messages\n" {
+		t.Errorf("message to the live table: exit %d, %q", code, errs)
 	}
 }
 
@@ -259,11 +281,11 @@ func quoteArgs(args []string) []string {
 func TestControlSocketFile(t *testing.T) {
 	dir := t.TempDir()
 	d := startDaemon(t, dir, "z,,,rw,0 8 zero\n")
-	sock, err := stack.DefaultControlPath(d.mnt)
+	sock, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "/run/dmfuse/" + stack.EscapePath(d.mnt) + ".sock"; sock != want {
+	if want := "/run/dmfuse/" + control.EscapePath(d.mnt) + ".sock"; sock != want {
 		t.Errorf("socket %s, want %s", sock, want)
 	}
 	for p, mode := range map[string]os.FileMode{filepath.Dir(sock): os.ModeDir | 0o700, sock: os.ModeSocket | 0o600} {
@@ -446,10 +468,10 @@ func TestReloadUnderLoad(t *testing.T) {
 	v.start()
 	for i := 0; i < 100; i++ {
 		v.waitProgress(t, int64(i))
-		if err := d.call(&stack.Request{Op: stack.OpLoad, Name: "v", Table: tables[(i+1)%2], Dir: dir}); err != nil {
+		if err := d.call(&control.Request{Op: control.OpLoad, Name: "v", Table: tables[(i+1)%2], Dir: dir}); err != nil {
 			t.Fatal(err)
 		}
-		if err := d.call(&stack.Request{Op: stack.OpResume, Name: "v"}); err != nil {
+		if err := d.call(&control.Request{Op: control.OpResume, Name: "v"}); err != nil {
 			t.Fatal(err)
 		}
 	}

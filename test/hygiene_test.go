@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/stack"
@@ -122,17 +123,17 @@ func TestResourceHygiene(t *testing.T) {
 		srv.Wait()
 	}()
 	sock := filepath.Join(dir, "ctl.sock")
-	ln, err := stack.ListenControl(sock, false)
+	ln, err := control.Listen(sock, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctl := stack.NewControlServer(mgr)
+	ctl := control.NewServer(ctx, mgr)
 	go ctl.Serve(ln)
 	defer ctl.Close()
 
-	call := func(r *stack.Request) {
+	call := func(r *control.Request) {
 		t.Helper()
-		resp, err := stack.CallControl(sock, r)
+		resp, err := control.Call(sock, r)
 		if err != nil || resp.Error != "" {
 			t.Fatalf("%s %s: %v %+v", r.Op, r.Name, err, resp)
 		}
@@ -148,14 +149,14 @@ func TestResourceHygiene(t *testing.T) {
 	}
 	cycle := func(i int) {
 		name := fmt.Sprintf("x%d", i%7)
-		call(&stack.Request{Op: stack.OpCreate, Name: name, Table: tables[i%len(tables)], Dir: dir})
+		call(&control.Request{Op: control.OpCreate, Name: name, Table: tables[i%len(tables)], Dir: dir})
 		if _, err := os.Stat(filepath.Join(mnt, name)); err != nil {
 			t.Fatalf("cycle %d: %v", i, err)
 		}
 		if i%10 == 0 {
-			call(&stack.Request{Op: stack.OpMessage, Name: name, Args: []string{"@stats_create", "-", "/4"}})
+			call(&control.Request{Op: control.OpMessage, Name: name, Args: []string{"@stats_create", "-", "/4"}})
 		}
-		call(&stack.Request{Op: stack.OpRemove, Name: name})
+		call(&control.Request{Op: control.OpRemove, Name: name})
 	}
 	for i := range 200 { // warm up: pools, caches, the delay scheduler
 		cycle(i)

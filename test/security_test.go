@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/control"
 )
 
 // nobody is the uid and gid the peer-credential test runs its client as.
@@ -77,7 +77,7 @@ func TestControlSocketPeerCredentials(t *testing.T) {
 	if st, err := os.Stat(sock); err != nil || st.Mode() != os.ModeSocket|0o600 {
 		t.Fatalf("socket: %v, %v; want mode 0600", st, err)
 	}
-	defSock, err := stack.DefaultControlPath(d.mnt)
+	defSock, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestControlSocketPeerCredentials(t *testing.T) {
 
 // rawCall sends payload on a new connection to the socket and returns the
 // answer line decoded ("" error and errno if the daemon closed without one).
-func rawCall(t *testing.T, sock string, payload []byte) stack.Response {
+func rawCall(t *testing.T, sock string, payload []byte) control.Response {
 	t.Helper()
 	c, err := net.Dial("unix", sock)
 	if err != nil {
@@ -118,7 +118,7 @@ func rawCall(t *testing.T, sock string, payload []byte) stack.Response {
 	defer c.Close()
 	go c.Write(payload)
 	c.SetReadDeadline(time.Now().Add(time.Minute))
-	var r stack.Response
+	var r control.Response
 	line, err := bufio.NewReader(c).ReadBytes('\n')
 	if err == io.EOF && len(line) == 0 {
 		return r
@@ -135,19 +135,19 @@ func rawCall(t *testing.T, sock string, payload []byte) stack.Response {
 // TestControlSocketBounds checks the control socket's bounds: clients that
 // send nothing, half a request or close their end early hold only their own
 // connection; an oversized request is refused; connections beyond
-// MaxControlConns and requests beyond ControlRate per second are refused with
-// EAGAIN; I/O and well-behaved clients go on meanwhile.
+// control.MaxConns and requests beyond control.Rate per second are refused
+// with EAGAIN; I/O and well-behaved clients go on meanwhile.
 func TestControlSocketBounds(t *testing.T) {
 	dir := t.TempDir()
 	sparseFile(t, filepath.Join(dir, "a.img"), 1<<20)
 	d := startDaemon(t, dir, "lin,,,rw,0 2048 linear ./a.img 0\n")
-	sock, err := stack.DefaultControlPath(d.mnt)
+	sock, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ls := func(what string) {
 		t.Helper()
-		resp, err := stack.CallControl(sock, &stack.Request{Op: stack.OpList})
+		resp, err := control.Call(sock, &control.Request{Op: control.OpList})
 		if err != nil || resp.Error != "" || resp.Output != "lin\t(253:0)\n" {
 			t.Fatalf("ls %s: %+v, %v", what, resp, err)
 		}
@@ -195,19 +195,19 @@ func TestControlSocketBounds(t *testing.T) {
 	}
 
 	// Oversized: refused after MaxRequestSize bytes, without a newline.
-	big := bytes.Repeat([]byte{'x'}, stack.MaxRequestSize+1)
+	big := bytes.Repeat([]byte{'x'}, control.MaxRequestSize+1)
 	if r := rawCall(t, sock, big); r.Errno != "EINVAL" || !strings.Contains(r.Error, "request larger than") {
 		t.Errorf("oversized request: %+v", r)
 	}
 
-	// Connection bound: with MaxControlConns silent clients, the next one is
-	// refused at once; CallControl waits until a slot frees. (The daemon
+	// Connection bound: with control.MaxConns silent clients, the next one
+	// is refused at once; control.Call waits until a slot frees. (The daemon
 	// may still hold the closed connections above for a moment.)
 	for _, c := range stalled {
 		c.Close()
 	}
 	stalled = nil
-	for len(stalled) < stack.MaxControlConns {
+	for len(stalled) < control.MaxConns {
 		c, err := net.Dial("unix", sock)
 		if err != nil {
 			t.Fatal(err)
@@ -216,14 +216,14 @@ func TestControlSocketBounds(t *testing.T) {
 	}
 	// The daemon registers connections as it accepts them: the refusal
 	// comes once all are in.
-	var r stack.Response
+	var r control.Response
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if r = rawCall(t, sock, []byte("{\"op\":\"ls\"}\n")); r.Errno == "EAGAIN" || time.Now().After(deadline) {
 			break
 		}
 	}
 	if r.Errno != "EAGAIN" || !strings.Contains(r.Error, "too many connections") {
-		t.Errorf("connection %d: %+v, want a refusal", stack.MaxControlConns+1, r)
+		t.Errorf("connection %d: %+v, want a refusal", control.MaxConns+1, r)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -239,7 +239,7 @@ func TestControlSocketBounds(t *testing.T) {
 
 	// Rate bound: of a burst of requests, no more are served than the
 	// bucket holds plus what refills while the burst lasts.
-	const burst = 3 * stack.ControlRate
+	const burst = 3 * control.Rate
 	var mu sync.Mutex
 	served, refused := 0, 0
 	start := time.Now()
@@ -265,7 +265,7 @@ func TestControlSocketBounds(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	limit := stack.ControlRate + int(elapsed.Seconds()*stack.ControlRate) + 1
+	limit := control.Rate + int(elapsed.Seconds()*control.Rate) + 1
 	t.Logf("burst of %d requests in %v: %d served, %d refused (bound %d)", burst, elapsed, served, refused, limit)
 	if served > limit {
 		t.Errorf("%d requests served in %v, more than the bound of %d", served, elapsed, limit)
@@ -273,5 +273,5 @@ func TestControlSocketBounds(t *testing.T) {
 	if served+refused != burst {
 		t.Errorf("%d served + %d refused != %d", served, refused, burst)
 	}
-	ls("after the burst") // CallControl retries refusals
+	ls("after the burst") // control.Call retries refusals
 }

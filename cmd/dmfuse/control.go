@@ -6,9 +6,8 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 
-	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/control"
 )
 
 // The client verbs: each builds one request, sends it to the daemon's
@@ -23,20 +22,18 @@ func (g *Globals) controlPath() (string, error) {
 	if g.Mount == "" {
 		return "", errors.New("no daemon given: use --mount MOUNTPOINT, set DMFUSE_MOUNT or use --control SOCKET")
 	}
-	return stack.DefaultControlPath(g.Mount)
+	return control.DefaultPath(g.Mount)
 }
 
-// call sends req and prints its output; a failed command is returned as an
-// error carrying the daemon's one-line reason.
-func (g *Globals) call(req *stack.Request) error {
+// call sends req and prints its output; an invalid request (control.Call
+// checks it) or a failed command is returned as an error carrying the
+// one-line reason.
+func (g *Globals) call(req *control.Request) error {
 	path, err := g.controlPath()
 	if err != nil {
 		return err
 	}
-	if err := req.Validate(); err != nil {
-		return err
-	}
-	resp, err := stack.CallControl(path, req)
+	resp, err := control.Call(path, req)
 	if err != nil {
 		return err
 	}
@@ -61,7 +58,7 @@ func tableText(inline *string, file string) (string, error) {
 		}
 		return string(b), nil
 	}
-	b, err := io.ReadAll(io.LimitReader(os.Stdin, stack.MaxRequestSize))
+	b, err := io.ReadAll(io.LimitReader(os.Stdin, control.MaxRequestSize))
 	if err != nil {
 		return "", fmt.Errorf("reading the table from stdin: %w", err)
 	}
@@ -90,13 +87,11 @@ type CreateCmd struct {
 }
 
 // Run creates the device and, unless --notable, loads and resumes its table;
-// on any failure nothing is left.
+// on any failure nothing is left. With --notable, stdin is not read; a table
+// given besides is sent too, for the request's validation to refuse.
 func (c *CreateCmd) Run(g *Globals) error {
-	req := &stack.Request{Op: stack.OpCreate, Name: c.Name, UUID: c.UUID, ReadOnly: c.ReadOnly, NoTable: c.NoTable}
-	if c.NoTable {
-		if c.Table != nil || c.TableFile != "" {
-			return fmt.Errorf("%s: --notable and a table exclude each other", c.Name)
-		}
+	req := &control.Request{Op: control.OpCreate, Name: c.Name, UUID: c.UUID, ReadOnly: c.ReadOnly, NoTable: c.NoTable}
+	if c.NoTable && c.Table == nil && c.TableFile == "" {
 		return g.call(req)
 	}
 	text, err := tableText(c.Table, c.TableFile)
@@ -128,7 +123,7 @@ func (c *LoadCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	return g.call(&stack.Request{Op: stack.OpLoad, Name: c.Name, Table: text, Dir: wd})
+	return g.call(&control.Request{Op: control.OpLoad, Name: c.Name, Table: text, Dir: wd})
 }
 
 // ClearCmd is `dmfuse clear`.
@@ -138,7 +133,7 @@ type ClearCmd struct {
 
 // Run destroys the device's inactive table.
 func (c *ClearCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpClear, Name: c.Name})
+	return g.call(&control.Request{Op: control.OpClear, Name: c.Name})
 }
 
 // SuspendCmd is `dmfuse suspend`.
@@ -149,7 +144,7 @@ type SuspendCmd struct {
 
 // Run holds new I/O and waits for the I/O in flight.
 func (c *SuspendCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpSuspend, Name: c.Name, NoFlush: c.NoFlush})
+	return g.call(&control.Request{Op: control.OpSuspend, Name: c.Name, NoFlush: c.NoFlush})
 }
 
 // ResumeCmd is `dmfuse resume`.
@@ -159,7 +154,7 @@ type ResumeCmd struct {
 
 // Run makes the inactive table live (if any) and releases held I/O.
 func (c *ResumeCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpResume, Name: c.Name})
+	return g.call(&control.Request{Op: control.OpResume, Name: c.Name})
 }
 
 // RemoveCmd is `dmfuse remove`.
@@ -170,7 +165,7 @@ type RemoveCmd struct {
 
 // Run removes the device.
 func (c *RemoveCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpRemove, Name: c.Name, Force: c.Force})
+	return g.call(&control.Request{Op: control.OpRemove, Name: c.Name, Force: c.Force})
 }
 
 // RenameCmd is `dmfuse rename`.
@@ -182,10 +177,7 @@ type RenameCmd struct {
 
 // Run renames the device or sets its uuid.
 func (c *RenameCmd) Run(g *Globals) error {
-	if (c.NewName == "") == (c.SetUUID == "") {
-		return fmt.Errorf("%s: give either NEWNAME or --setuuid UUID", c.Name)
-	}
-	return g.call(&stack.Request{Op: stack.OpRename, Name: c.Name, NewName: c.NewName, UUID: c.SetUUID})
+	return g.call(&control.Request{Op: control.OpRename, Name: c.Name, NewName: c.NewName, UUID: c.SetUUID})
 }
 
 // MessageCmd is `dmfuse message`.
@@ -201,10 +193,7 @@ func (c *MessageCmd) Run(g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("%s: invalid sector %q", c.Name, c.Sector)
 	}
-	if strings.TrimSpace(strings.Join(c.Words, " ")) == "" {
-		return fmt.Errorf("%s: Empty message received", c.Name)
-	}
-	return g.call(&stack.Request{Op: stack.OpMessage, Name: c.Name, Sector: sector, Args: c.Words})
+	return g.call(&control.Request{Op: control.OpMessage, Name: c.Name, Sector: sector, Args: c.Words})
 }
 
 // TableCmd is `dmfuse table`.
@@ -215,7 +204,7 @@ type TableCmd struct {
 
 // Run prints the table in reloadable form.
 func (c *TableCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpTable, Name: c.Name, Inactive: c.Inactive})
+	return g.call(&control.Request{Op: control.OpTable, Name: c.Name, Inactive: c.Inactive})
 }
 
 // StatusCmd is `dmfuse status`.
@@ -226,7 +215,7 @@ type StatusCmd struct {
 
 // Run prints each target's status.
 func (c *StatusCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpStatus, Name: c.Name, Inactive: c.Inactive})
+	return g.call(&control.Request{Op: control.OpStatus, Name: c.Name, Inactive: c.Inactive})
 }
 
 // InfoCmd is `dmfuse info`.
@@ -236,7 +225,7 @@ type InfoCmd struct {
 
 // Run prints the info block.
 func (c *InfoCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpInfo, Name: c.Name})
+	return g.call(&control.Request{Op: control.OpInfo, Name: c.Name})
 }
 
 // LsCmd is `dmfuse ls`.
@@ -244,7 +233,7 @@ type LsCmd struct{}
 
 // Run lists the devices.
 func (c *LsCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpList})
+	return g.call(&control.Request{Op: control.OpList})
 }
 
 // TargetsCmd is `dmfuse targets`.
@@ -252,5 +241,5 @@ type TargetsCmd struct{}
 
 // Run lists the target types and their versions.
 func (c *TargetsCmd) Run(g *Globals) error {
-	return g.call(&stack.Request{Op: stack.OpTargets})
+	return g.call(&control.Request{Op: control.OpTargets})
 }

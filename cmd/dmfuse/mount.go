@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/stack"
@@ -101,12 +102,12 @@ func (c *MountCmd) Run(g *Globals) error {
 	// manager's hooks.
 	sock, strict := g.Control, false
 	if sock == "" {
-		if sock, err = stack.DefaultControlPath(dir); err != nil {
+		if sock, err = control.DefaultPath(dir); err != nil {
 			return err
 		}
 		strict = true
 	}
-	ln, err := stack.ListenControl(sock, strict)
+	ln, err := control.Listen(sock, strict)
 	if err != nil {
 		return err
 	}
@@ -117,7 +118,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
-	ctl := stack.NewControlServer(mgr)
+	ctl := control.NewServer(ctx, mgr)
 	go func() {
 		if err := ctl.Serve(ln); err != nil {
 			fmt.Fprintf(os.Stderr, "dmfuse: %v\n", err)

@@ -59,7 +59,7 @@ type job struct {
 	args  []string
 	write bool
 	bw    bool    // compare bandwidth, not IOPS
-	notes float64 // the platform notes' figure for the baseline (IOPS or MB/s); 0 if none
+	notes float64 // the baseline's reference figure, measured on an earlier host (IOPS or MB/s); 0 if none
 }
 
 var allJobs = []job{
@@ -77,8 +77,8 @@ var allJobs = []job{
 		args: []string{"--rw=write", "--bs=1M", "--ioengine=io_uring", "--iodepth=4", "--numjobs=1"}},
 }
 
-// The platform notes' figures for the raw tmpfs file, to tell a slow
-// machine from a slow baseline.
+// Reference figures for the raw tmpfs file, measured on the same earlier host
+// as the baseline's, to tell a slow machine from a slow baseline.
 var notesTmpfs = map[string]float64{"randread": 487e3, "randwrite": 453e3, "uring-randread": 605e3, "uring-randwrite": 414e3, "seqread": 8400}
 
 var allDevices = []string{"zero", "linear", "striped", "stack3", "delay0", "tmpfs", "loop"}
@@ -468,9 +468,9 @@ func (b *bench) report(res map[string]map[string][]sample, ratios map[string]map
 	return w.String()
 }
 
-// checkBaseline compares the baseline's median with the platform notes and,
-// when it is off by more than 20%, says why: the raw tmpfs file shows
-// whether the machine as a whole runs slower or faster than it did there.
+// checkBaseline compares the baseline's median with its reference figure and,
+// when it is off by more than 20%, says why: the raw tmpfs file shows whether
+// the machine as a whole runs slower or faster than it did there.
 func (b *bench) checkBaseline(j job, res map[string][]sample) string {
 	if j.notes == 0 {
 		return fmt.Sprintf("%s: no figure in the notes", j.title)

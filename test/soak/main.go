@@ -38,9 +38,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 
-	"github.com/dmfuse/dmfuse/stack"
 	"golang.org/x/sys/unix"
 )
 
@@ -320,8 +320,8 @@ func (d *driver) summary() string {
 	return strings.Join(parts, ", ")
 }
 
-func (d *driver) call(r *stack.Request) (string, error) {
-	resp, err := stack.CallControl(d.s.sock, r)
+func (d *driver) call(r *control.Request) (string, error) {
+	resp, err := control.Call(d.s.sock, r)
 	if err != nil {
 		return "", err
 	}
@@ -365,8 +365,8 @@ func (d *driver) loop(ctx context.Context) error {
 		switch k := d.rng.IntN(10); {
 		case k < 3:
 			ts := tables[dev]
-			if _, err = d.call(&stack.Request{Op: stack.OpLoad, Name: dev, Table: ts[d.rng.IntN(len(ts))]}); err == nil {
-				_, err = d.call(&stack.Request{Op: stack.OpResume, Name: dev})
+			if _, err = d.call(&control.Request{Op: control.OpLoad, Name: dev, Table: ts[d.rng.IntN(len(ts))]}); err == nil {
+				_, err = d.call(&control.Request{Op: control.OpResume, Name: dev})
 				if dev == "mp" {
 					d.failed = "" // a new multipath table starts with both paths
 				}
@@ -374,9 +374,9 @@ func (d *driver) loop(ctx context.Context) error {
 			d.counts["reload"]++
 		case k < 5:
 			noflush := d.rng.IntN(2) == 0
-			if _, err = d.call(&stack.Request{Op: stack.OpSuspend, Name: dev, NoFlush: noflush}); err == nil {
+			if _, err = d.call(&control.Request{Op: control.OpSuspend, Name: dev, NoFlush: noflush}); err == nil {
 				time.Sleep(time.Duration(d.rng.IntN(20)) * time.Millisecond)
-				_, err = d.call(&stack.Request{Op: stack.OpResume, Name: dev})
+				_, err = d.call(&control.Request{Op: control.OpResume, Name: dev})
 			}
 			if noflush {
 				d.counts["suspend --noflush/resume"]++
@@ -386,10 +386,10 @@ func (d *driver) loop(ctx context.Context) error {
 		case k < 7:
 			if d.failed == "" {
 				d.failed = []string{"p1", "p2"}[d.rng.IntN(2)]
-				_, err = d.call(&stack.Request{Op: stack.OpMessage, Name: "mp", Args: []string{"fail_path", d.failed}})
+				_, err = d.call(&control.Request{Op: control.OpMessage, Name: "mp", Args: []string{"fail_path", d.failed}})
 				d.counts["fail_path"]++
 			} else {
-				_, err = d.call(&stack.Request{Op: stack.OpMessage, Name: "mp", Args: []string{"reinstate_path", d.failed}})
+				_, err = d.call(&control.Request{Op: control.OpMessage, Name: "mp", Args: []string{"reinstate_path", d.failed}})
 				d.failed = ""
 				d.counts["reinstate_path"]++
 			}
@@ -407,7 +407,7 @@ func (d *driver) loop(ctx context.Context) error {
 // stats creates a region on dev, or prints and deletes one.
 func (d *driver) stats(dev string) error {
 	msg := func(words ...string) (string, error) {
-		return d.call(&stack.Request{Op: stack.OpMessage, Name: dev, Args: words})
+		return d.call(&control.Request{Op: control.OpMessage, Name: dev, Args: words})
 	}
 	if rs := d.region[dev]; len(rs) > 0 && d.rng.IntN(2) == 0 {
 		id := rs[0]
@@ -432,7 +432,7 @@ func (d *driver) stats(dev string) error {
 // settle leaves both paths usable when the driver stops.
 func (d *driver) settle() error {
 	if d.failed != "" {
-		_, err := d.call(&stack.Request{Op: stack.OpMessage, Name: "mp", Args: []string{"reinstate_path", d.failed}})
+		_, err := d.call(&control.Request{Op: control.OpMessage, Name: "mp", Args: []string{"reinstate_path", d.failed}})
 		d.failed = ""
 		return err
 	}

@@ -1,4 +1,4 @@
-package stack
+package control
 
 import (
 	"context"
@@ -13,27 +13,31 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // RequestTimeout is how long the daemon waits for a client to send its whole
 // request before it drops the connection.
 const RequestTimeout = 30 * time.Second
 
-// Bounds of the control socket. A connection beyond MaxControlConns (open at
-// once) or beyond ControlRate per second (after a burst of as many) is
-// answered at once with EAGAIN and closed; CallControl retries such a refusal
-// for a while. Each connection is served on its own goroutine with its own
-// deadline, so a client that sends nothing, sends half a request or never
-// reads its answer holds only its own connection, never another client or
-// the I/O path.
+// Bounds of the control socket. A connection beyond MaxConns (open at once)
+// or beyond Rate per second (after a burst of as many) is answered at once
+// with EAGAIN and closed; Call retries such a refusal for a while. Each
+// connection is served on its own goroutine with its own deadline, so a
+// client that sends nothing, sends half a request or never reads its answer
+// holds only its own connection, never another client or the I/O path.
 const (
-	MaxControlConns = 64
-	ControlRate     = 5000
+	// MaxConns is how many connections the server holds open at once.
+	MaxConns = 64
+	// Rate is how many connections per second the server accepts, after a
+	// burst of as many.
+	Rate = 5000
 )
 
-// ControlServer answers control requests for the devices of a Manager.
-type ControlServer struct {
-	mgr    *Manager
+// Server answers control requests for the devices of a stack.Manager.
+type Server struct {
+	mgr    *stack.Manager
 	ctx    context.Context
 	cancel context.CancelFunc
 	// uid is the user, besides root, whose clients may send commands: the
@@ -45,24 +49,25 @@ type ControlServer struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
-	// tokens and last are the rate limiter's bucket (ControlRate per second,
-	// up to ControlRate) and the time it was last filled.
+	// tokens and last are the rate limiter's bucket (Rate per second, up
+	// to Rate) and the time it was last filled.
 	tokens float64
 	last   time.Time
 }
 
-// NewControlServer returns a server for the devices of m.
-func NewControlServer(m *Manager) *ControlServer {
-	ctx, cancel := context.WithCancel(m.ctx)
-	return &ControlServer{mgr: m, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{},
-		uid: uint32(os.Geteuid()), tokens: ControlRate, last: time.Now()}
+// NewServer returns a server for the devices of m. Requests run under ctx,
+// which should live as long as the daemon; Close cancels what is left of it.
+func NewServer(ctx context.Context, m *stack.Manager) *Server {
+	ctx, cancel := context.WithCancel(ctx)
+	return &Server{mgr: m, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{},
+		uid: uint32(os.Geteuid()), tokens: Rate, last: time.Now()}
 }
 
 // refusal says why a new connection is not served ("" if it is), with the
 // errno of the answer. Peer credentials come from the kernel (SO_PEERCRED):
 // only root and the daemon's own user may send commands, whatever the mode
 // of the socket file. Called with s.mu held.
-func (s *ControlServer) refusal(c net.Conn) (reason, errno string) {
+func (s *Server) refusal(c net.Conn) (reason, errno string) {
 	if uc, ok := c.(*net.UnixConn); ok {
 		uid, err := peerUID(uc)
 		if err != nil {
@@ -75,14 +80,14 @@ func (s *ControlServer) refusal(c net.Conn) (reason, errno string) {
 			return fmt.Sprintf("control socket: permission denied: uid %d may not send commands (only root and uid %d may)", uid, s.uid), "EPERM"
 		}
 	}
-	if len(s.conns) >= MaxControlConns {
+	if len(s.conns) >= MaxConns {
 		return fmt.Sprintf("control socket: too many connections (%d open); try again", len(s.conns)), "EAGAIN"
 	}
 	now := time.Now()
-	s.tokens = min(ControlRate, s.tokens+now.Sub(s.last).Seconds()*ControlRate)
+	s.tokens = min(Rate, s.tokens+now.Sub(s.last).Seconds()*Rate)
 	s.last = now
 	if s.tokens < 1 {
-		return fmt.Sprintf("control socket: more than %d requests per second; try again", ControlRate), "EAGAIN"
+		return fmt.Sprintf("control socket: more than %d requests per second; try again", Rate), "EAGAIN"
 	}
 	s.tokens--
 	return "", ""
@@ -118,7 +123,7 @@ func refuse(c net.Conn, reason, errno string) {
 
 // Serve accepts connections on ln until Close, one goroutine per connection.
 // It returns nil after Close.
-func (s *ControlServer) Serve(ln net.Listener) error {
+func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -172,7 +177,7 @@ func (s *ControlServer) Serve(ln net.Listener) error {
 
 // Close stops accepting, closes the listener (which removes the socket file)
 // and waits for the requests being handled to finish.
-func (s *ControlServer) Close() error {
+func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -194,7 +199,7 @@ func (s *ControlServer) Close() error {
 	return err
 }
 
-func (s *ControlServer) serveConn(c net.Conn) {
+func (s *Server) serveConn(c net.Conn) {
 	defer func() {
 		c.Close()
 		s.mu.Lock()
@@ -225,9 +230,14 @@ func writeResponse(c net.Conn, r *Response) {
 	c.Write(append(b, '\n'))
 }
 
-// Handle runs one validated request and returns its response.
-func (s *ControlServer) Handle(ctx context.Context, r *Request) *Response {
-	out, err := s.handle(ctx, r)
+// Handle validates one request (Request.Validate), runs it and returns its
+// response; a request that is not valid gets an EINVAL response and changes
+// nothing.
+func (s *Server) Handle(ctx context.Context, r *Request) *Response {
+	if err := r.Validate(); err != nil {
+		return &Response{Error: err.Error(), Errno: "EINVAL"}
+	}
+	out, err := s.run(ctx, r)
 	if err != nil {
 		return &Response{Output: out, Error: err.Error(), Errno: errnoName(err)}
 	}
@@ -246,14 +256,13 @@ func errnoName(err error) string {
 	return "EINVAL"
 }
 
-func (s *ControlServer) handle(ctx context.Context, r *Request) (string, error) {
+// run carries out a valid request on the manager's devices and returns what
+// it prints.
+func (s *Server) run(ctx context.Context, r *Request) (string, error) {
 	m := s.mgr
-	if err := r.Validate(); err != nil {
-		return "", err
-	}
 	switch r.Op {
 	case OpCreate:
-		_, err := m.Create(CreateOptions{Name: r.Name, UUID: r.UUID, Minor: -1, ReadOnly: r.ReadOnly,
+		_, err := m.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: -1, ReadOnly: r.ReadOnly,
 			Table: r.Table, NoTable: r.NoTable, Dir: r.Dir})
 		return "", err
 	case OpLoad:
@@ -275,23 +284,23 @@ func (s *ControlServer) handle(ctx context.Context, r *Request) (string, error) 
 		}
 		return "", m.Rename(r.Name, r.NewName)
 	case OpMessage:
-		out, err := m.Message(ctx, r.Name, r.Sector, SplitArgs(strings.Join(r.Args, " ")))
+		out, err := m.Message(ctx, r.Name, r.Sector, stack.SplitArgs(strings.Join(r.Args, " ")))
 		if err != nil || out == "" || strings.HasSuffix(out, "\n") {
 			return out, err
 		}
 		return out + "\n", nil
 	case OpTable, OpStatus:
-		st := StatusTable
+		st := stack.StatusTable
 		if r.Op == OpStatus {
-			st = StatusInfo
+			st = stack.StatusInfo
 		}
-		return s.each(r.Name, func(d *Device, prefix string) string {
-			return FormatDeviceTable(d, st, r.Inactive, prefix)
+		return s.each(r.Name, func(d *stack.Device, prefix string) string {
+			return formatTable(d, st, r.Inactive, prefix)
 		})
 	case OpInfo:
-		return s.each(r.Name, func(d *Device, _ string) string { return FormatInfo(d.Info(r.Inactive)) })
+		return s.each(r.Name, func(d *stack.Device, _ string) string { return formatInfo(d.Info(r.Inactive)) })
 	case OpList:
-		return FormatList(m.Devices()), nil
+		return formatList(m.Devices()), nil
 	case OpTargets:
 		var b strings.Builder
 		for _, t := range m.Registry().Types() {
@@ -300,16 +309,17 @@ func (s *ControlServer) handle(ctx context.Context, r *Request) (string, error) 
 		}
 		return b.String(), nil
 	}
-	return "", fmt.Errorf("unknown operation %q", r.Op)
+	// Validate admits only the operations above.
+	return "", fmt.Errorf("operation %q has no handler", r.Op)
 }
 
 // each formats one device (name given) or every device with "NAME: "
 // prefixes (name empty), as dmsetup does.
-func (s *ControlServer) each(name string, f func(d *Device, prefix string) string) (string, error) {
+func (s *Server) each(name string, f func(d *stack.Device, prefix string) string) (string, error) {
 	if name != "" {
 		d := s.mgr.Lookup(name)
 		if d == nil {
-			return "", noSuchDevice(name)
+			return "", stack.NoSuchDevice(name)
 		}
 		return f(d, ""), nil
 	}
@@ -322,77 +332,4 @@ func (s *ControlServer) each(name string, f func(d *Device, prefix string) strin
 		b.WriteString(f(d, d.Name()+": "))
 	}
 	return b.String(), nil
-}
-
-// FormatDeviceTable prints a device's live (or inactive) table as dmsetup's
-// table (StatusTable) or status (StatusInfo) do: each line prefixed with
-// prefix; a device with no such table prints the prefix and a newline.
-func FormatDeviceTable(d *Device, st StatusType, inactive bool, prefix string) string {
-	text := d.FormatTable(st, inactive)
-	if text == "" {
-		return prefix + "\n"
-	}
-	if prefix == "" {
-		return text
-	}
-	var b strings.Builder
-	for _, l := range strings.SplitAfter(text, "\n") {
-		if l != "" {
-			b.WriteString(prefix)
-			b.WriteString(l)
-		}
-	}
-	return b.String()
-}
-
-// FormatInfo prints a device's info block as `dmsetup info` does (spec
-// §1.6): labels padded so that values start in column 20, the UUID line only
-// when a uuid is set, and an empty line at the end.
-func FormatInfo(in Info) string {
-	var b strings.Builder
-	line := func(label, format string, a ...any) {
-		fmt.Fprintf(&b, "%-19s%s\n", label, fmt.Sprintf(format, a...))
-	}
-	state := "ACTIVE"
-	if in.Suspended {
-		state = "SUSPENDED"
-	}
-	if in.ReadOnly {
-		state += " (READ-ONLY)"
-	}
-	tables := "None"
-	switch {
-	case in.Live && in.Inactive:
-		tables = "LIVE & INACTIVE"
-	case in.Live:
-		tables = "LIVE"
-	case in.Inactive:
-		tables = "INACTIVE"
-	}
-	line("Name:", "%s", in.Name)
-	line("State:", "%s", state)
-	line("Read Ahead:", "%d", 256)
-	line("Tables present:", "%s", tables)
-	line("Open count:", "%d", in.OpenCount)
-	line("Event number:", "%d", in.EventNr)
-	line("Major, minor:", "%d, %d", Major, in.Minor)
-	line("Number of targets:", "%d", in.Targets)
-	if in.UUID != "" {
-		fmt.Fprintf(&b, "UUID: %s\n", in.UUID)
-	}
-	b.WriteByte('\n')
-	return b.String()
-}
-
-// FormatList prints devices as `dmsetup ls` does: `<name>\t(<major>:<minor>)`
-// per device, or "No devices found".
-func FormatList(devs []*Device) string {
-	if len(devs) == 0 {
-		return "No devices found\n"
-	}
-	var b strings.Builder
-	for _, d := range devs {
-		fmt.Fprintf(&b, "%s\t(%d:%d)\n", d.Name(), Major, d.Minor())
-	}
-	return b.String()
 }

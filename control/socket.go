@@ -1,4 +1,4 @@
-package stack
+package control
 
 import (
 	"bufio"
@@ -21,9 +21,9 @@ import (
 // minus its terminating NUL).
 const maxSocketPath = 107
 
-// ControlDir is the folder of default control sockets: /run/dmfuse for root,
+// SocketDir is the folder of default control sockets: /run/dmfuse for root,
 // else $XDG_RUNTIME_DIR/dmfuse, else /tmp/dmfuse-UID.
-func ControlDir() string {
+func SocketDir() string {
 	if os.Geteuid() == 0 {
 		return "/run/dmfuse"
 	}
@@ -58,17 +58,17 @@ func EscapePath(p string) string {
 	return b.String()
 }
 
-// DefaultControlPath is the control socket of a daemon mounted on
-// mountpoint: ControlDir()/EscapePath(abs mountpoint).sock. When that path
+// DefaultPath is the control socket of a daemon mounted on mountpoint:
+// SocketDir()/EscapePath(abs mountpoint).sock. When that path
 // is too long for a socket address, the file name is instead `h-` and the
 // first 32 hex digits of the SHA-256 of the absolute mount point, then
 // `.sock`.
-func DefaultControlPath(mountpoint string) (string, error) {
+func DefaultPath(mountpoint string) (string, error) {
 	abs, err := filepath.Abs(mountpoint)
 	if err != nil {
 		return "", fmt.Errorf("mount point %s: %w", mountpoint, err)
 	}
-	dir := ControlDir()
+	dir := SocketDir()
 	p := filepath.Join(dir, EscapePath(abs)+".sock")
 	if len(p) > maxSocketPath {
 		sum := sha256.Sum256([]byte(abs))
@@ -77,11 +77,11 @@ func DefaultControlPath(mountpoint string) (string, error) {
 	return p, nil
 }
 
-// ListenControl creates the control socket at path, mode 0600, creating its
+// Listen creates the control socket at path, mode 0600, creating its
 // folder with mode 0700 if it is missing (strictDir: and setting an existing
 // one to 0700). A socket file left by a daemon that died is replaced; one
 // that a running daemon answers on is refused.
-func ListenControl(path string, strictDir bool) (*net.UnixListener, error) {
+func Listen(path string, strictDir bool) (*net.UnixListener, error) {
 	if len(path) > maxSocketPath {
 		return nil, fmt.Errorf("control socket %s: path longer than %d bytes", path, maxSocketPath)
 	}
@@ -117,17 +117,20 @@ func ListenControl(path string, strictDir bool) (*net.UnixListener, error) {
 	return ln, nil
 }
 
-// refusalRetry is how long CallControl keeps retrying a connection the
+// refusalRetry is how long Call keeps retrying a connection the
 // daemon refused for the moment (too many connections or requests).
 const refusalRetry = 10 * time.Second
 
-// CallControl sends one request to the daemon listening on the socket at
-// path and returns its response. A failed command is a response with Error
-// set, not an error; err reports only failures to talk to the daemon. A
-// connection the daemon refuses with EAGAIN before reading the request (its
-// connection or rate bounds), or whose listen queue is full, is tried again
-// for up to 10 s.
-func CallControl(path string, req *Request) (*Response, error) {
+// Call validates a request (Request.Validate), sends it to the daemon
+// listening on the socket at path and returns its response. A failed command
+// is a response with Error set, not an error; err reports an invalid request,
+// which is not sent, and failures to talk to the daemon. A connection the
+// daemon refuses with EAGAIN before reading the request (its connection or
+// rate bounds), or whose listen queue is full, is tried again for up to 10 s.
+func Call(path string, req *Request) (*Response, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
 	b, err := req.Encode()
 	if err != nil {
 		return nil, err
@@ -154,11 +157,12 @@ func isRefusal(r *Response) bool {
 	return r.Errno == "EAGAIN" && strings.HasPrefix(r.Error, "control socket: ")
 }
 
+// callOnce makes one connection, sends the request b and reads the answer.
 func callOnce(path string, b []byte) (*Response, error) {
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("control socket %s: no dmfuse daemon answers there: %w", path, unwrapPath(err))
+			return nil, fmt.Errorf("control socket %s: no dmfuse daemon answers there: %w", path, cause(err))
 		}
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
@@ -181,4 +185,13 @@ func callOnce(path string, b []byte) (*Response, error) {
 		return nil, fmt.Errorf("control socket %s: malformed answer: %w", path, err)
 	}
 	return &resp, nil
+}
+
+// cause returns the error err wraps (for a *net.OpError, the system call's
+// error without the addresses), or err itself.
+func cause(err error) error {
+	if e := errors.Unwrap(err); e != nil {
+		return e
+	}
+	return err
 }

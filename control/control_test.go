@@ -1,4 +1,4 @@
-package stack
+package control
 
 import (
 	"bufio"
@@ -13,30 +13,32 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // ctlEnv is a manager with a control server over two backing files.
 type ctlEnv struct {
 	t   *testing.T
 	dir string
-	mgr *Manager
-	srv *ControlServer
+	mgr *stack.Manager
+	srv *Server
 }
 
 func newCtlEnv(t *testing.T) *ctlEnv {
 	t.Helper()
 	dir := t.TempDir()
 	for _, n := range []string{"a.img", "b.img"} {
-		if err := os.WriteFile(filepath.Join(dir, n), make([]byte, 4096*SectorSize), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, n), make([]byte, 4096*stack.SectorSize), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	reg, err := NewRegistry(Linear, Striped, Zero, Error, Dust)
+	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error, stack.Dust)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(context.Background(), reg, nil)
-	e := &ctlEnv{t: t, dir: dir, mgr: m, srv: NewControlServer(m)}
+	m := stack.NewManager(context.Background(), reg, nil)
+	e := &ctlEnv{t: t, dir: dir, mgr: m, srv: NewServer(context.Background(), m)}
 	t.Cleanup(func() { e.srv.Close(); m.RemoveAll() })
 	return e
 }
@@ -94,12 +96,12 @@ func TestControlLifecycle(t *testing.T) {
 	e.ok(Request{Op: OpResume, Name: "d1"})
 	has(info("d1"), "Tables present:    LIVE\n")
 	d := e.mgr.Lookup("d1")
-	if d.Size() != 2048*SectorSize {
+	if d.Size() != 2048*stack.SectorSize {
 		t.Errorf("size %d", d.Size())
 	}
 	e.ok(Request{Op: OpLoad, Name: "d1", Table: "0 4096 zero"})
 	has(info("d1"), "Tables present:    LIVE & INACTIVE\n")
-	if d.Size() != 2048*SectorSize {
+	if d.Size() != 2048*stack.SectorSize {
 		t.Errorf("load changed the live size to %d", d.Size())
 	}
 	e.ok(Request{Op: OpClear, Name: "d1"})
@@ -126,10 +128,10 @@ func TestControlLifecycle(t *testing.T) {
 
 	// A reload that changes the size tells the fs layer.
 	var changed []string
-	e.mgr.OnChange = func(d *Device) { changed = append(changed, d.Name()) }
+	e.mgr.OnChange = func(d *stack.Device) { changed = append(changed, d.Name()) }
 	e.ok(Request{Op: OpLoad, Name: "d1", Table: "0 4096 zero"})
 	e.ok(Request{Op: OpResume, Name: "d1"})
-	if d.Size() != 4096*SectorSize || len(changed) != 1 {
+	if d.Size() != 4096*stack.SectorSize || len(changed) != 1 {
 		t.Errorf("after reload: size %d, fs told %v", d.Size(), changed)
 	}
 	if d.EventNr() != 0 {
@@ -144,7 +146,7 @@ func TestControlLifecycle(t *testing.T) {
 	e.ok(Request{Op: OpRename, Name: "e1", UUID: "u-1"})
 	has(info("e1"), "UUID: u-1\n", "Event number:      2\n")
 	var removed []string
-	e.mgr.OnRemove = func(d *Device) { removed = append(removed, d.Name()) }
+	e.mgr.OnRemove = func(d *stack.Device) { removed = append(removed, d.Name()) }
 	e.ok(Request{Op: OpRemove, Name: "e1"})
 	if !reflect.DeepEqual(removed, []string{"e1"}) || d.EventNr() != 3 {
 		t.Errorf("remove: fs told %v, event %d", removed, d.EventNr())
@@ -179,8 +181,23 @@ func TestControlMessages(t *testing.T) {
 	if r := e.do(Request{Op: OpMessage, Name: "m", Args: []string{" "}}); r.Error != "m: Empty message received" {
 		t.Errorf("blank message: %+v", r)
 	}
+	// Without a live table (none, or only an inactive one) a message goes
+	// nowhere and succeeds silently, as dm's target_message.
+	e.ok(Request{Op: OpCreate, Name: "nt", NoTable: true})
+	for _, load := range []string{"", "0 1024 dust ./a.img 0 512"} {
+		if load != "" {
+			e.ok(Request{Op: OpLoad, Name: "nt", Table: load})
+		}
+		if r := e.do(Request{Op: OpMessage, Name: "nt", Args: []string{"addbadblock", "1"}}); *r != (Response{}) {
+			t.Errorf("message to a device without a live table (inactive table %q): %+v", load, r)
+		}
+	}
+	e.ok(Request{Op: OpResume, Name: "nt"})
+	if got := e.ok(Request{Op: OpMessage, Name: "nt", Args: []string{"countbadblocks"}}); got != "countbadblocks: 0 badblock(s) found\n" {
+		t.Errorf("the inactive table took a message: after resume, %q", got)
+	}
 	var got []string
-	e.mgr.CoreMessage = func(d *Device, args []string) (string, error) {
+	e.mgr.CoreMessage = func(d *stack.Device, args []string) (string, error) {
 		got = append([]string{d.Name()}, args...)
 		return "0", nil
 	}
@@ -212,6 +229,7 @@ func TestControlBadInputChangesNothing(t *testing.T) {
 		{Request{Op: OpCreate, Name: "x", Table: "0 8 linear nt 0"}, "x: line 1: linear: Device lookup failed: nt has no live table", "EINVAL"},
 		{Request{Op: OpCreate, Name: "x"}, "x: no table given (use --notable for a device without one)", "EINVAL"},
 		{Request{Op: OpCreate, Name: "x", NoTable: true, Table: "0 8 zero"}, "x: --notable and a table exclude each other", "EINVAL"},
+		{Request{Op: OpCreate, Name: "x", NoTable: true, UUID: strings.Repeat("u", 129)}, "x: uuid longer than 128 bytes", "EINVAL"},
 		{Request{Op: OpLoad, Name: "nope", Table: "0 8 zero"}, "nope: no such device", "ENXIO"},
 		{Request{Op: OpLoad, Name: "top", Table: "0 8 linear ./a.img"}, "top: line 1: linear: Invalid argument count", "EINVAL"},
 		{Request{Op: OpLoad, Name: "base", Table: "0 8 linear top 0"}, "base: line 1: linear: top already stacks on base: a loop", "EINVAL"},
@@ -227,8 +245,10 @@ func TestControlBadInputChangesNothing(t *testing.T) {
 		{Request{Op: OpRename, Name: "base", UUID: "other"}, "base: uuid already set to u-base; it cannot be changed", "EINVAL"},
 		{Request{Op: OpRename, Name: "top", UUID: "u-base"}, "top: uuid u-base already in use", "EBUSY"},
 		{Request{Op: OpRename, Name: "top"}, "top: rename needs a new name or a uuid", "EINVAL"},
+		{Request{Op: OpRename, Name: "top", NewName: "x", UUID: "u"}, "top: rename takes a new name or a uuid, not both", "EINVAL"},
+		{Request{Op: OpRename, Name: "top", UUID: strings.Repeat("u", 129)}, "top: uuid longer than 128 bytes", "EINVAL"},
 		{Request{Op: OpMessage, Name: "top"}, "top: Empty message received", "EINVAL"},
-		{Request{Op: OpMessage, Name: "nt", Args: []string{"x"}}, "nt: device has no live table", "ENXIO"},
+		{Request{Op: OpMessage, Name: "nope"}, "nope: no such device", "ENXIO"},
 		{Request{Op: OpMessage, Name: "top", Sector: 1 << 63, Args: []string{"x"}}, "top: Target message sector outside device", "EINVAL"},
 		{Request{Op: OpTable, Name: "nope"}, "nope: no such device", "ENXIO"},
 		{Request{Op: OpInfo, Name: "nope"}, "nope: no such device", "ENXIO"},
@@ -373,7 +393,7 @@ func TestEscapePath(t *testing.T) {
 			t.Errorf("EscapePath(%q) = %q, want %q", in, got, want)
 		}
 	}
-	p, err := DefaultControlPath("/" + strings.Repeat("x", 200))
+	p, err := DefaultPath("/" + strings.Repeat("x", 200))
 	if err != nil || len(p) > maxSocketPath || !strings.HasPrefix(filepath.Base(p), "h-") {
 		t.Errorf("long mount point: %q, %v", p, err)
 	}
@@ -385,7 +405,7 @@ func TestControlSocket(t *testing.T) {
 	e := newCtlEnv(t)
 	dir := filepath.Join(t.TempDir(), "run")
 	path := filepath.Join(dir, "ctl.sock")
-	ln, err := ListenControl(path, true)
+	ln, err := Listen(path, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +416,7 @@ func TestControlSocket(t *testing.T) {
 			t.Errorf("%s: mode %v (%v), want %v", p, st.Mode(), err, mode)
 		}
 	}
-	if _, err := ListenControl(path, true); err == nil || !strings.Contains(err.Error(), "in use by a running dmfuse daemon") {
+	if _, err := Listen(path, true); err == nil || !strings.Contains(err.Error(), "in use by a running dmfuse daemon") {
 		t.Errorf("second listener on a live socket: %v", err)
 	}
 	raw := func(data string, closeWrite bool) string {
@@ -420,6 +440,8 @@ func TestControlSocket(t *testing.T) {
 		`{"op":"ls","bogus":1}` + "\n":   `{"error":"malformed request: json: unknown field \"bogus\"","errno":"EINVAL"}` + "\n",
 		`{"op":"ls"} {"op":"ls"}` + "\n": `{"error":"malformed request: data after the JSON object","errno":"EINVAL"}` + "\n",
 		`{"op":"ls"}` + "\n":             `{"output":"No devices found\n"}` + "\n",
+		// Well formed but not valid: the server validates what it reads.
+		`{"op":"resume"}` + "\n": `{"error":"resume: no device name","errno":"EINVAL"}` + "\n",
 	} {
 		if got := raw(data, false); got != want {
 			t.Errorf("%q: answer %q, want %q", data, got, want)
@@ -434,7 +456,7 @@ func TestControlSocket(t *testing.T) {
 	if got := raw(big, true); !strings.Contains(got, "request larger than") {
 		t.Errorf("oversized request: %q", got)
 	}
-	resp, err := CallControl(path, &Request{Op: OpList})
+	resp, err := Call(path, &Request{Op: OpList})
 	if err != nil || resp.Output != "No devices found\n" {
 		t.Errorf("after bad requests: %+v, %v", resp, err)
 	}
@@ -447,8 +469,14 @@ func TestControlSocket(t *testing.T) {
 	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left after close: %v", err)
 	}
-	if _, err := CallControl(path, &Request{Op: OpList}); err == nil || !strings.Contains(err.Error(), "no dmfuse daemon answers there") {
+	if _, err := Call(path, &Request{Op: OpList}); err == nil || !strings.Contains(err.Error(), "no dmfuse daemon answers there") {
 		t.Errorf("call without a daemon: %v", err)
+	}
+	// The client validates before it connects: an invalid request is refused
+	// even with no daemon there.
+	if resp, err := Call(path, &Request{Op: OpRename, Name: "a", NewName: "b c"}); resp != nil || err == nil ||
+		err.Error() != `a: device name "b c": must not contain '/', whitespace, ',', ';' or ':'` {
+		t.Errorf("invalid request without a daemon: %+v, %v", resp, err)
 	}
 
 	// A socket file left by a daemon that died is replaced.
@@ -458,7 +486,7 @@ func TestControlSocket(t *testing.T) {
 	}
 	stale.SetUnlinkOnClose(false)
 	stale.Close()
-	ln, err = ListenControl(path, true)
+	ln, err = Listen(path, true)
 	if err != nil {
 		t.Fatalf("stale socket: %v", err)
 	}
@@ -466,46 +494,7 @@ func TestControlSocket(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ListenControl(path, true); err == nil || !strings.Contains(err.Error(), "exists and is not a socket") {
+	if _, err := Listen(path, true); err == nil || !strings.Contains(err.Error(), "exists and is not a socket") {
 		t.Errorf("regular file in the socket's place: %v", err)
 	}
-}
-
-func FuzzDecodeRequest(f *testing.F) {
-	for _, s := range []string{
-		`{"op":"ls"}`,
-		`{"op":"create","name":"d","table":"0 8 zero","dir":"/tmp"}` + "\n",
-		`{"op":"create","name":"d","notable":true,"uuid":"u","readonly":true}`,
-		`{"op":"message","name":"d","sector":18446744073709551615,"args":["a","b"]}`,
-		`{"op":"rename","name":"d","new_name":"e"}`,
-		`{"op":"table","inactive":true}`,
-		`{"op":"suspend","name":"d","noflush":true,"force":true}`,
-		`{"op":"load","name":"d","table":"\u0000"}`,
-		`{"op":1}`, `[]`, `null`, ``, "\n\n", `{"op":"ls"}{}`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		req, err := DecodeRequest(data)
-		if err != nil {
-			if req != nil {
-				t.Fatal("request and error")
-			}
-			return
-		}
-		if err := req.Validate(); err != nil {
-			t.Fatalf("decoded request does not validate: %v", err)
-		}
-		b, err := req.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		again, err := DecodeRequest(b)
-		if err != nil {
-			t.Fatalf("re-encoded request %q: %v", b, err)
-		}
-		if !reflect.DeepEqual(req, again) {
-			t.Fatalf("round trip changed %+v to %+v", req, again)
-		}
-	})
 }

@@ -1,4 +1,4 @@
-package stack
+package control
 
 import (
 	"bufio"
@@ -10,21 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"unicode/utf8"
-)
 
-// The control protocol
-//
-// A client connects to the daemon's control socket (a Unix stream socket),
-// writes one request, a JSON object (Request) on a single line ended by '\n',
-// and reads one response, a JSON object (Response) on a single line ended by
-// '\n'; then the daemon closes the connection. A request is at most
-// MaxRequestSize bytes including the newline. A request that is not complete
-// when the client closes its end or goes quiet for RequestTimeout (no final
-// newline) is dropped without effect; a request that is malformed, too large
-// or invalid gets an error response and changes nothing. Once a complete
-// request has been read, it runs to its end even if the client goes away.
-// Requests are checked completely (operation, fields allowed for it, names,
-// UTF-8) before anything changes.
+	"github.com/dmfuse/dmfuse/stack"
+)
 
 // MaxRequestSize is the largest request the daemon reads, newline included.
 const MaxRequestSize = 16 << 20
@@ -46,7 +34,7 @@ const (
 	OpTargets = "targets"
 )
 
-// Request is one control command.
+// Request is one control command, as the client sends it.
 type Request struct {
 	// Op is the command: create, load, clear, suspend, resume, remove,
 	// rename, message, table, status, info, ls or targets.
@@ -95,7 +83,7 @@ type Response struct {
 var ErrIncompleteRequest = errors.New("incomplete request")
 
 // ReadRequest reads one newline-terminated request of at most
-// MaxRequestSize bytes from r and decodes and validates it.
+// MaxRequestSize bytes from r and decodes it (DecodeRequest).
 func ReadRequest(r io.Reader) (*Request, error) {
 	br := bufio.NewReaderSize(io.LimitReader(r, MaxRequestSize), 64<<10)
 	var line []byte
@@ -119,8 +107,9 @@ func ReadRequest(r io.Reader) (*Request, error) {
 	return DecodeRequest(line)
 }
 
-// DecodeRequest decodes and validates one request line (with or without its
-// final newline).
+// DecodeRequest decodes one request line (with or without its final
+// newline): one JSON object of Request's fields and nothing else. It does not
+// judge the request's content; Validate does.
 func DecodeRequest(line []byte) (*Request, error) {
 	if len(line) > MaxRequestSize {
 		return nil, fmt.Errorf("request larger than %d bytes", MaxRequestSize)
@@ -137,9 +126,6 @@ func DecodeRequest(line []byte) (*Request, error) {
 	}
 	if dec.More() {
 		return nil, errors.New("malformed request: data after the JSON object")
-	}
-	if err := req.Validate(); err != nil {
-		return nil, err
 	}
 	return &req, nil
 }
@@ -162,9 +148,14 @@ var opFields = map[string]string{
 	OpTargets: "",
 }
 
-// Validate checks that a request is complete and consistent: a known
-// operation, only the fields that operation takes, valid names and UTF-8
-// text.
+// Validate checks a request's form, everything that can be judged without
+// the devices: a known operation, only the fields that operation takes and
+// those it needs, valid device names and uuids (stack.ValidName,
+// stack.ValidUUID), UTF-8 text and an absolute working directory. It is the
+// one place these are checked: Call runs it before sending a request and
+// Server.Handle before running one. What depends on the devices (a device
+// exists, a name or uuid is free, a table builds, a message has words and
+// its target takes it) is the stack.Manager's to check.
 func (r *Request) Validate() error {
 	spec, ok := opFields[r.Op]
 	if !ok {
@@ -187,8 +178,9 @@ func (r *Request) Validate() error {
 	if strings.Contains(" "+spec+" ", " name ") && r.Name == "" {
 		return fmt.Errorf("%s: no device name", r.Op)
 	}
+	// The name comes first: the errors below start with it.
 	if r.Name != "" {
-		if err := ValidName(r.Name); err != nil {
+		if err := stack.ValidName(r.Name); err != nil {
 			return err
 		}
 	}
@@ -206,8 +198,8 @@ func (r *Request) Validate() error {
 		if !r.NoTable && strings.TrimSpace(r.Table) == "" {
 			return fmt.Errorf("%s: no table given (use --notable for a device without one)", r.Name)
 		}
-		if len(r.UUID) > 128 {
-			return fmt.Errorf("%s: uuid longer than 128 bytes", r.Name)
+		if err := stack.ValidUUID(r.UUID); err != nil {
+			return fmt.Errorf("%s: %v", r.Name, err)
 		}
 	case OpLoad:
 		if strings.TrimSpace(r.Table) == "" {
@@ -220,15 +212,13 @@ func (r *Request) Validate() error {
 		case r.NewName != "" && r.UUID != "":
 			return fmt.Errorf("%s: rename takes a new name or a uuid, not both", r.Name)
 		case r.NewName != "":
-			if err := ValidName(r.NewName); err != nil {
+			if err := stack.ValidName(r.NewName); err != nil {
 				return fmt.Errorf("%s: %v", r.Name, err)
 			}
-		case len(r.UUID) > 128:
-			return fmt.Errorf("%s: uuid longer than 128 bytes", r.Name)
-		}
-	case OpMessage:
-		if len(r.Args) == 0 {
-			return fmt.Errorf("%s: Empty message received", r.Name)
+		default:
+			if err := stack.ValidUUID(r.UUID); err != nil {
+				return fmt.Errorf("%s: %v", r.Name, err)
+			}
 		}
 	}
 	if r.Dir != "" && !filepath.IsAbs(r.Dir) {

@@ -1,0 +1,29 @@
+package fs
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+
+	"github.com/dmfuse/dmfuse/stack"
+)
+
+// TestErrnoInjected: an error a fault target made up reaches the caller as
+// EIO, wrapped or not; other errors keep their errno.
+func TestErrnoInjected(t *testing.T) {
+	inj := &stack.InjectedError{Target: "dust", Op: stack.OpRead}
+	for _, c := range []struct {
+		err  error
+		want syscall.Errno
+	}{
+		{nil, 0},
+		{inj, syscall.EIO},
+		{fmt.Errorf("piece 3: %w", inj), syscall.EIO},
+		{syscall.EOPNOTSUPP, syscall.EOPNOTSUPP},
+		{fmt.Errorf("no errno"), syscall.EIO},
+	} {
+		if got := errno(c.err); got != c.want {
+			t.Errorf("errno(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
