@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -37,13 +38,6 @@ var logWritesMemLimit = func() int64 {
 	return int64(si.Totalram) * int64(si.Unit) / 4
 }()
 
-// logWritesZeroChunk is the size of the zero-filled writes that write-zeroes
-// becomes: the target does not offer write-zeroes, so the block layer
-// writes zero pages, at most a bio of 256 pages at a time.
-const logWritesZeroChunk = 1 << 20
-
-var logWritesZeros = make([]byte, logWritesZeroChunk)
-
 // blockSizer is implemented by devices whose logical block size is not 512
 // bytes. The log unit is the data device's logical block size
 // (bdev_logical_block_size in log_writes_ctr); a device without the method
@@ -55,14 +49,16 @@ type blockSizer interface {
 // logWrites is one constructed log-writes target.
 type logWrites struct {
 	dev, logdev BlockDevice
-	begin       int64 // the segment's start in bytes: the target does not translate offsets
 	s           int64 // log unit: the data device's logical block size
 	unit        int64 // s in 512-byte sectors
 	logger      *log.Logger
 
 	enabled atomic.Bool
 	held    atomic.Int64 // bytes of block buffers not yet logged
-	queued  atomic.Int64 // blocks on the logging list or in the worker's hands
+	// queued counts the blocks ever put on the logging list (under mu),
+	// logged those the worker has logged or dropped: Status waits for the
+	// worker to reach what was queued before it was called.
+	queued, logged atomic.Uint64
 
 	// mu guards the two lists (the kernel's blocks_lock). It is held only
 	// to append to them or take them whole.
@@ -98,10 +94,9 @@ var (
 	_ Target       = (*logWrites)(nil)
 	_ Flusher      = (*logWrites)(nil)
 	_ Discarder    = (*logWrites)(nil)
-	_ ZeroWriter   = (*logWrites)(nil)
+	_ DiscardOwner = (*logWrites)(nil)
 	_ Messager     = (*logWrites)(nil)
 	_ MapAccounter = (*logWrites)(nil)
-	_ DeviceLister = (*logWrites)(nil)
 )
 
 // newLogWrites constructs a log-writes target. Table syntax:
@@ -109,12 +104,16 @@ var (
 //	<dev_path> <log_dev_path>
 //
 // Both are device arguments: files, block devices or other mapped devices.
-// Arguments after the two are ignored, as in the kernel. The target does not
-// translate offsets: sector X of the mapped device is sector X of dev, and is
-// logged as such, so use one log-writes line starting at 0. dev must hold
-// the segment's length; the log device takes entries until the next one
-// would reach its last 512-byte sector, and logging stops there ("Ran out of
-// space on the logdev"; status then ends in logging_disabled).
+// Arguments after the two are ignored, as in the kernel. Sector x of the
+// segment is sector x of dev and is logged as sector x (in log units). The
+// kernel does not subtract the segment's start (normal_map_bio only sets the
+// device), so its log-writes maps sector X of the mapped device to sector X
+// of dev; the two agree for the one line starting at 0 that log-writes is
+// used with, and dmfuse maps every segment from the start of its devices, as
+// for every target. dev must hold the segment's length; the log device
+// takes entries until the next one would reach its last 512-byte sector,
+// and logging stops there ("Ran out of space on the logdev"; status then
+// ends in logging_disabled).
 //
 // Nothing is written to the log device until the first FUA write or mark:
 // the super in log unit 0 is written after each of those, with the count of
@@ -124,25 +123,24 @@ var (
 // dm-log-writes-end, and waits until the log is written.
 //
 // Writes and discards must be aligned to the log unit (EINVAL otherwise),
-// as the block layer guarantees for a block device. Write-zeroes becomes
-// writes of zeros, logged with their data. Message: `mark <name>` (verb
-// case-insensitive) queues a mark; the name is cut to S-33 bytes. Status:
-// `<logged entries> <next log sector - 1>[ logging_disabled]`; table:
-// `<dev> <log_dev>`.
+// as the block layer guarantees for a block device. The target takes
+// discards whatever dev takes (dm's discards_supported), and no
+// write-zeroes: those become writes of zeros, logged with their data.
+// Message: `mark <name>` (verb case-insensitive) queues a mark; the name is
+// cut to S-33 bytes. Status: `<logged entries> <next log sector -
+// 1>[ logging_disabled]`; table: `<dev> <log_dev>`.
 func newLogWrites(c *Ctor, args []string) (Target, error) {
 	if len(args) < 2 {
 		return nil, Errorf("Invalid argument count")
 	}
-	dev, err := c.Open(args[0])
+	r, err := OpenRemap(c, args[0], 0, c.Len)
 	if err != nil {
-		return nil, lookupError("Device lookup failed", err)
-	}
-	if err := CheckArea(dev, 0, c.Len); err != nil {
 		return nil, err
 	}
+	dev := r.Dev
 	logdev, err := c.Open(args[1])
 	if err != nil {
-		return nil, lookupError("Log device lookup failed", err)
+		return nil, logLookupError(err)
 	}
 	s := int64(SectorSize)
 	if bs, ok := dev.(blockSizer); ok {
@@ -152,7 +150,7 @@ func newLogWrites(c *Ctor, args []string) (Target, error) {
 		return nil, Errorf("Device logical block size %d not supported", s)
 	}
 	l := &logWrites{
-		dev: dev, logdev: logdev, begin: c.Begin * SectorSize, s: s, unit: s / SectorSize,
+		dev: dev, logdev: logdev, s: s, unit: s / SectorSize,
 		logger: log.Default(),
 		kick:   make(chan struct{}, 1), done: make(chan struct{}),
 		super: make([]byte, s),
@@ -165,27 +163,31 @@ func newLogWrites(c *Ctor, args []string) (Target, error) {
 	return l, nil
 }
 
-// lookupError returns an Open failure as a constructor error: an *ArgError
-// unchanged, anything else as dm's reason with the cause appended.
-func lookupError(reason string, err error) error {
+// logLookupError is lookupError for the log device, whose failed lookup
+// the kernel reports as "Log device lookup failed".
+func logLookupError(err error) error {
 	var ae *ArgError
-	if errors.As(err, &ae) {
+	if !errors.As(lookupError(err), &ae) {
 		return err
 	}
-	return Errorf("%s: %v", reason, err)
+	reason, ok := strings.CutPrefix(ae.Reason, "Device lookup failed")
+	if !ok {
+		reason = ": " + ae.Reason
+	}
+	return &ArgError{Reason: "Log device lookup failed" + reason, Errno: ae.Errno}
 }
 
 // AccountsAtMap marks that a write may be killed at map time (misaligned, or
 // no memory left for its copy) and is then not counted.
 func (l *logWrites) AccountsAtMap() {}
 
-// Devices implements DeviceLister: the data device only, as the kernel's
-// iterate_devices reports (both devices are still the table's dependencies).
-func (l *logWrites) Devices() []BlockDevice { return []BlockDevice{l.dev} }
+// OwnsDiscards marks that the target takes discards whatever its data
+// device takes (log_writes_ctr sets discards_supported).
+func (l *logWrites) OwnsDiscards() {}
 
 func (l *logWrites) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	StartAccounting(ctx)
-	return l.dev.ReadAt(ctx, p, l.begin+off)
+	return l.dev.ReadAt(ctx, p, off)
 }
 
 // WriteAt copies the data (the caller's buffer is not kept), passes the
@@ -193,7 +195,6 @@ func (l *logWrites) ReadAt(ctx context.Context, p []byte, off int64) (int, error
 // (drivers/md/dm-log-writes.c: log_writes_map, normal_end_io): a FUA write
 // goes straight to the log, any other waits on the unflushed list.
 func (l *logWrites) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	off += l.begin
 	if len(p) == 0 || !l.enabled.Load() {
 		StartAccounting(ctx)
 		return l.dev.WriteAt(ctx, p, off)
@@ -230,7 +231,7 @@ func (l *logWrites) Flush(ctx context.Context) error {
 	l.mu.Unlock()
 	err := l.dev.Flush(ctx)
 	l.mu.Lock()
-	l.queued.Add(int64(len(b.children)) + 1)
+	l.queued.Add(uint64(len(b.children)) + 1)
 	l.logging = append(l.logging, b.children...)
 	clear(b.children)
 	b.children = b.children[:0]
@@ -241,14 +242,14 @@ func (l *logWrites) Flush(ctx context.Context) error {
 	return err
 }
 
-// Discard passes the discard on (a data device that cannot discard is not
-// asked: the target accepts discards itself) and queues a DISCARD entry on
-// the unflushed list, as writes are.
+// Discard passes the discard on, unless the data device takes none (then
+// the target completes it itself, as log_writes_map does when
+// device_supports_discard is off), and queues a DISCARD entry on the
+// unflushed list, as writes are.
 func (l *logWrites) Discard(ctx context.Context, off, n int64) error {
-	off += l.begin
 	if n == 0 || !l.enabled.Load() {
 		StartAccounting(ctx)
-		return discardOK(l.dev.Discard(ctx, off, n))
+		return l.discard(ctx, off, n)
 	}
 	if off%l.s != 0 || n%l.s != 0 {
 		return syscall.EINVAL
@@ -257,31 +258,16 @@ func (l *logWrites) Discard(ctx context.Context, off, n int64) error {
 	b.flags = logwrites.FlagDiscard
 	b.sector, b.nr = uint64(off/l.s), uint64(n/l.s)
 	StartAccounting(ctx)
-	err := discardOK(l.dev.Discard(ctx, off, n))
+	err := l.discard(ctx, off, n)
 	l.endIO(b)
 	return err
 }
 
-// discardOK turns "not supported" from the data device into success: the
-// target advertises discards whatever the device supports.
-func discardOK(err error) error {
-	if errors.Is(err, syscall.EOPNOTSUPP) {
+func (l *logWrites) discard(ctx context.Context, off, n int64) error {
+	if !limitsOf(l.dev).Discard {
 		return nil
 	}
-	return err
-}
-
-// WriteZeroes writes zeros, at most logWritesZeroChunk bytes at a time; each
-// is a write and is logged with its data.
-func (l *logWrites) WriteZeroes(ctx context.Context, off, n int64) error {
-	for n > 0 {
-		m := min(n, logWritesZeroChunk)
-		if _, err := l.WriteAt(ctx, logWritesZeros[:m], off); err != nil {
-			return err
-		}
-		off, n = off+m, n-m
-	}
-	return nil
+	return l.dev.Discard(ctx, off, n)
 }
 
 // Message implements `mark <name>`.
@@ -314,9 +300,22 @@ func (l *logWrites) mark(name string) {
 	l.wake()
 }
 
+// logWritesStatusWait bounds how long Status waits for the worker.
+const logWritesStatusWait = time.Second
+
+// Status prints the table line, or the count of logged entries and the last
+// log sector in use (log_writes_status). The kernel prints the counters as
+// its worker has left them; Status first waits until the worker has logged
+// what was queued before the call (at most logWritesStatusWait, in case the
+// log device does not answer), so that status after a flush or a mark
+// shows them.
 func (l *logWrites) Status(t StatusType) string {
 	if t == StatusTable {
-		return l.dev.Name() + " " + l.logdev.Name()
+		return EscapeArg(l.dev.Name()) + " " + EscapeArg(l.logdev.Name())
+	}
+	want := l.queued.Load()
+	for start := time.Now(); l.logged.Load() < want && time.Since(start) < logWritesStatusWait; {
+		time.Sleep(20 * time.Microsecond)
 	}
 	s := fmt.Sprintf("%d %d", l.entries.Load(), l.nextSector.Load()-1)
 	if !l.enabled.Load() {
@@ -331,7 +330,7 @@ func (l *logWrites) Close() error {
 	end := l.getBlock(0, false)
 	end.flags, end.name = logwrites.FlagMark, logwrites.EndMark
 	l.mu.Lock()
-	l.queued.Add(int64(len(l.unflushed)) + 1)
+	l.queued.Add(uint64(len(l.unflushed)) + 1)
 	l.logging = append(l.logging, l.unflushed...)
 	l.logging = append(l.logging, end)
 	l.unflushed = nil
@@ -400,7 +399,7 @@ var logCtx = context.Background()
 func (l *logWrites) logOne(b *lwBlock) {
 	defer func() {
 		l.putBlock(b)
-		l.queued.Add(-1)
+		l.logged.Add(1)
 	}()
 	if !l.enabled.Load() {
 		return
