@@ -471,3 +471,72 @@ func TestLogWritesGeneric482(t *testing.T) {
 		t.Errorf("the replay-log loop checked %d points, --each %d", n, points)
 	}
 }
+
+// TestLogWritesFUA: writes that must be durable (a device file opened with
+// O_DSYNC, pwritev2 with RWF_DSYNC) reach the target as FUA writes and are
+// logged at once, ahead of an earlier plain write that no flush covered,
+// with the super rewritten after each; replay-log sees them while the device
+// is still live, and --each fua checks at each.
+func TestLogWritesFUA(t *testing.T) {
+	dir := lwMemDir(t)
+	sparseFile(t, filepath.Join(dir, "data.img"), 1<<20)
+	sparseFile(t, filepath.Join(dir, "log.img"), 1<<20)
+	sparseFile(t, filepath.Join(dir, "r.img"), 1<<20)
+	d := startDaemon(t, dir, "lw,,,rw,0 2048 log-writes ./data.img ./log.img;")
+	plain := openDirect(t, d.path("lw"))
+	defer plain.Close()
+	dsync, err := os.OpenFile(d.path("lw"), os.O_RDWR|unix.O_DSYNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dsync.Close()
+	buf := alignedBuf(4096)
+	for i := range buf {
+		buf[i] = 0x11
+	}
+	if _, err := plain.WriteAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := lwStatus(t, d, "lw"); st != "0 0" {
+		t.Errorf("after a plain write: status %q, want \"0 0\"", st)
+	}
+	for i := range buf {
+		buf[i] = 0x22
+	}
+	if _, err := dsync.WriteAt(buf, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if st := lwStatus(t, d, "lw"); st != "1 9" {
+		t.Errorf("after an O_DSYNC write: status %q, want \"1 9\"", st)
+	}
+	for i := range buf {
+		buf[i] = 0x33
+	}
+	if _, err := unix.Pwritev2(int(plain.Fd()), [][]byte{buf}, 8192, unix.RWF_DSYNC); err != nil {
+		t.Fatal(err)
+	}
+	if st := lwStatus(t, d, "lw"); st != "2 18" {
+		t.Errorf("after an RWF_DSYNC write: status %q, want \"2 18\"", st)
+	}
+	// The super counts the FUA entries while the device is live.
+	if out := mustReplayLog(t, dir, "replay-log", "--log", "log.img", "--num-entries"); out != "2\n" {
+		t.Errorf("--num-entries on the live log: %q, want 2", out)
+	}
+	plain.Close()
+	dsync.Close()
+	lwRemove(t, d, "lw")
+	want := "replaying 0@2: sector 8, size 4096, flags 0x2(FUA)\n" +
+		"replaying 1@11: sector 16, size 4096, flags 0x2(FUA)\n" +
+		"replaying 2@20: sector 0, size 4096, flags 0x0(NONE)\n" +
+		"replaying 3@29: sector 0, size 0, flags 0x8(MARK)\n"
+	if out := mustReplayLog(t, dir, "dmfuse", "-v", "--log", "log.img", "--replay", "r.img"); out != want {
+		t.Errorf("replay -v:\n%s\nwant:\n%s", out, want)
+	}
+	// At FUA point k (entry k), block k+1 holds what that write wrote.
+	sparseFile(t, filepath.Join(dir, "r.img"), 1<<20)
+	out := mustReplayLog(t, dir, "dmfuse", "--log", "log.img", "--replay", "r.img", "--each", "fua", "--fsck",
+		`b=$((4096 * (DMFUSE_REPLAY_ENTRY + 1))); cmp -n 4096 -i $b:$b "$DMFUSE_REPLAY_TARGET" data.img`)
+	if !strings.Contains(out, "all 2 fua points clean") {
+		t.Errorf("--each fua:\n%s", out)
+	}
+}

@@ -23,7 +23,8 @@
 // once, so that no two writes in flight overlap), the device is removed, and
 // `dmfuse replay-log` replays the whole log onto a new sparse file; the
 // result must equal the data file. The table gives entries, log size, time,
-// entries/s and MiB/s of data.
+// entries/s, MiB/s of data and the largest resident size of the replay-log
+// process (the log is read through a window of fixed size).
 //
 // Everything it set up is torn down on exit, on error and on SIGINT or
 // SIGTERM.
@@ -269,8 +270,8 @@ func (b *bench) recording(w io.Writer) error {
 // replays records and replays one log per block size.
 func (b *bench) replays(w io.Writer) error {
 	fmt.Fprintf(w, "Replay rate: `dmfuse replay-log --log LOG --replay FILE` of a whole log, log and target on tmpfs; the log holds fio randwrite (libaio 2x32, fsync every 256 writes, every block of a %d MiB device written once).\n\n", b.replayMiB)
-	fmt.Fprintln(w, "| writes | entries | log (MiB) | data (MiB) | replay (s) | entries/s | MiB/s of data |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| writes | entries | log (MiB) | data (MiB) | replay (s) | entries/s | MiB/s of data | replay-log max RSS (MiB) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	data := filepath.Join(b.tmpfs, "rdata.img")
 	half := b.replayMiB / 2
 	sectors := int64(2*half) << 11
@@ -304,10 +305,15 @@ func (b *bench) replays(w io.Writer) error {
 		fmt.Sscanf(string(info), "%d@%d", &n, &units)
 		n++
 		t0 := time.Now()
-		if out, err := exec.CommandContext(b.ctx, b.bin, "replay-log", "--log", b.logf, "--replay", b.saved).CombinedOutput(); err != nil {
+		cmd := exec.CommandContext(b.ctx, b.bin, "replay-log", "--log", b.logf, "--replay", b.saved)
+		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("replay-log: %v\n%s", err, out)
 		}
 		d := time.Since(t0).Seconds()
+		var rssMiB float64
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			rssMiB = float64(ru.Maxrss) / 1024
+		}
 		same, err := sameFiles(b.saved, data)
 		if err != nil {
 			return err
@@ -317,7 +323,7 @@ func (b *bench) replays(w io.Writer) error {
 		}
 		dataMiB := float64(2 * half)
 		logMiB := float64(units*512) / (1 << 20)
-		fmt.Fprintf(w, "| %d KiB | %d | %.0f | %.0f | %.2f | %.0f | %.0f |\n", bs, n, logMiB, dataMiB, d, float64(n)/d, dataMiB/d)
+		fmt.Fprintf(w, "| %d KiB | %d | %.0f | %.0f | %.2f | %.0f | %.0f | %.0f |\n", bs, n, logMiB, dataMiB, d, float64(n)/d, dataMiB/d, rssMiB)
 	}
 	fmt.Fprintln(w, "\nEach replayed file was compared with the recorded device's data file: equal.")
 	return nil
