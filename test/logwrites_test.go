@@ -78,17 +78,19 @@ func lwStatus(t *testing.T, d *daemon, name string) string {
 
 // TestLogWritesMountRoundTrip records writes, discards, zeroing and flushes
 // made through a mounted log-writes device, with a mark after each round,
-// and replays the log with `dmfuse replay-log` (and under the name
-// replay-log, and onto a dmfuse device file) up to each mark: the result is
-// the device as it was at the mark. A log device too small for the log
-// stops logging as the kernel's does, and a torn log is refused.
+// and replays the log up to each mark with `dmfuse replay-log` or the binary
+// under the name replay-log, onto a file, a dmfuse device file or a loop
+// device: the result is the device as it was at the mark. A log device too
+// small for the log stops logging as the kernel's does, and a torn log is
+// refused.
 func TestLogWritesMountRoundTrip(t *testing.T) {
+	requireTool(t, "losetup", "blockdev")
 	dir := lwMemDir(t)
 	const size = 8 << 20
 	for _, f := range []struct {
 		name string
 		size int64
-	}{{"data.img", size}, {"log.img", 64 << 20}, {"r.img", size}, {"r2.img", size}, {"d2.img", 1 << 20}, {"l2.img", 64 << 10}} {
+	}{{"data.img", size}, {"log.img", 64 << 20}, {"r.img", size}, {"r2.img", size}, {"r3.img", size}, {"d2.img", 1 << 20}, {"l2.img", 64 << 10}} {
 		sparseFile(t, filepath.Join(dir, f.name), f.size)
 	}
 	d := startDaemon(t, dir, fmt.Sprintf("lw,,,rw,0 %d log-writes ./data.img ./log.img;\nrep,,,rw,0 %d linear ./r2.img 0;\nfull,,,rw,0 2048 log-writes ./d2.img ./l2.img;", size/512, size/512))
@@ -156,20 +158,31 @@ func TestLogWritesMountRoundTrip(t *testing.T) {
 	if out := mustReplayLog(t, dir, "dmfuse", "--log", "log.img", "--find", "--end-mark", logwrites.EndMark); !strings.HasPrefix(out, strconv.FormatUint(entries, 10)+"@") {
 		t.Errorf("end mark at %q, want entry %d", out, entries)
 	}
+	// Replay onto a file, through the binary named replay-log, onto a
+	// dmfuse device file, and onto a loop device (which takes BLKDISCARD).
+	loop := strings.TrimSpace(run(t, "losetup", "-f", "--show", filepath.Join(dir, "r3.img")))
+	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
 	for i, m := range marks {
-		target, via := "r.img", "dmfuse"
-		switch i % 3 {
+		target, via, file := "r.img", "dmfuse", "r.img"
+		switch i % 4 {
 		case 1:
 			via = "replay-log"
 		case 2:
-			target = d.path("rep") // a dmfuse device file
+			target, file = d.path("rep"), "r2.img"
+		case 3:
+			target, file = loop, "r3.img"
 		}
-		sparseFile(t, filepath.Join(dir, "r.img"), size)
-		if err := os.WriteFile(filepath.Join(dir, "r2.img"), make([]byte, size), 0o644); err != nil {
-			t.Fatal(err)
+		for _, f := range []string{"r.img", "r2.img", "r3.img"} {
+			// Rewritten in place: the daemon and the loop device keep them open.
+			if err := os.WriteFile(filepath.Join(dir, f), make([]byte, size), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%4 == 3 {
+			run(t, "blockdev", "--flushbufs", loop)
 		}
 		mustReplayLog(t, dir, via, "--log", "log.img", "--replay", target, "--end-mark", m)
-		got, err := os.ReadFile(filepath.Join(dir, map[bool]string{true: "r2.img", false: "r.img"}[i%3 == 2]))
+		got, err := os.ReadFile(filepath.Join(dir, file))
 		if err != nil {
 			t.Fatal(err)
 		}
