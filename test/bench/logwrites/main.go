@@ -1,7 +1,7 @@
 // Command logwrites measures what recording with the log-writes target
 // costs, and how fast `dmfuse replay-log` replays a log, in one run.
 //
-//	go run ./test/bench/logwrites [-pairs N] [-runtime D] [-size MIB] [-replay-mib MIB] [-transport T] [-out FILE]
+//	go run ./test/bench/logwrites [-pairs N] [-runtime D] [-size MIB] [-replay-mib MIB] [-transport T] [-xfstests BIN] [-out FILE]
 //
 // It needs root, /dev/fuse, fio and go; it installs nothing. It builds
 // dmfuse, mounts a private tmpfs for every backing file and log, and mounts
@@ -14,8 +14,8 @@
 // is created afresh for each run (so its log starts over) and removed after
 // it; the removal, which writes out what is left, is timed apart. The two
 // setups alternate, in an order that flips every round, for -pairs rounds;
-// the table gives the median IOPS of each and the median of the per-round
-// ratios lw/base.
+// the table gives the median IOPS of each, the median of the per-round
+// ratios lw/base, and the daemon's CPU time (utime+stime) per write.
 //
 // Replay rate: for each of 4 KiB and 128 KiB writes, a log-writes device of
 // -replay-mib MiB over a sparse file records fio random writes (2 jobs x
@@ -23,8 +23,12 @@
 // once, so that no two writes in flight overlap), the device is removed, and
 // `dmfuse replay-log` replays the whole log onto a new sparse file; the
 // result must equal the data file. The table gives entries, log size, time,
-// entries/s, MiB/s of data and the largest resident size of the replay-log
-// process (the log is read through a window of fixed size).
+// entries/s, MiB/s of data, the same per second of CPU time of the
+// replay-log process (user and system; less sensitive than wall time to
+// other work on the machine), and its largest resident size (the log is
+// read through a window of fixed size). With -xfstests, xfstests' own
+// replay-log replays each log as well, onto a new file, and must give the
+// same bytes.
 //
 // Everything it set up is torn down on exit, on error and on SIGINT or
 // SIGTERM.
@@ -72,8 +76,9 @@ func main() {
 	replayMiB := flag.Int("replay-mib", 1100, "MiB written into each log that is replayed")
 	transport := flag.String("transport", "dev", "dmfuse --transport")
 	out := flag.String("out", "", "also write the tables to this file")
+	xfs := flag.String("xfstests", "", "an xfstests src/log-writes/replay-log binary: replay each log with it too, and compare")
 	flag.Parse()
-	b := &bench{pairs: *pairs, rt: *rt, sizeMiB: *size, replayMiB: *replayMiB, transport: *transport}
+	b := &bench{pairs: *pairs, rt: *rt, sizeMiB: *size, replayMiB: *replayMiB, transport: *transport, xfstests: *xfs}
 	var res bytes.Buffer
 	if err := b.run(io.MultiWriter(os.Stdout, &res)); err != nil {
 		fmt.Fprintln(os.Stderr, "logwrites bench:", err)
@@ -98,7 +103,25 @@ type bench struct {
 	ctx               context.Context
 	sectors           int64
 	data, logf, saved string
+	pid               int // the daemon
+	xfstests          string
 }
+
+// cpuTicks returns the daemon's utime+stime in clock ticks (fields 14 and
+// 15 of /proc/PID/stat).
+func (b *bench) cpuTicks() int64 {
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(s[bytes.LastIndexByte(s, ')')+1:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st
+}
+
+// ticksPerSec is USER_HZ, the unit of /proc/PID/stat's times.
+const ticksPerSec = 100
 
 func (b *bench) run(w io.Writer) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -148,6 +171,7 @@ func (b *bench) run(w io.Writer) (err error) {
 		return err
 	}
 	defer srv.Stop(30 * time.Second)
+	b.pid = srv.Pid
 	if err := srv.WaitReady(ctx, benchkit.FileReady(filepath.Join(b.mnt, "base"))); err != nil {
 		return err
 	}
@@ -221,6 +245,7 @@ func (b *bench) recording(w io.Writer) error {
 	ratios := map[string][]float64{}
 	teardown := map[string][]float64{}
 	entries := map[string][]float64{}
+	cpuUs := map[string][]float64{} // daemon CPU µs per write, job/setup
 	for round := range b.pairs {
 		for _, j := range jobs {
 			got := map[bool]float64{}
@@ -233,11 +258,14 @@ func (b *bench) recording(w io.Writer) error {
 					}
 					dev = lw
 				}
+				c0 := b.cpuTicks()
 				r, err := b.fio(dev, b.rt, j.args...)
 				if err != nil {
 					return err
 				}
 				got[onLW] = r
+				setup := map[bool]string{false: "/base", true: "/lw"}[onLW]
+				cpuUs[j.title+setup] = append(cpuUs[j.title+setup], float64(b.cpuTicks()-c0)/ticksPerSec*1e6/(r*b.rt.Seconds()))
 				if onLW {
 					td, n, err := b.removeLW()
 					if err != nil {
@@ -257,11 +285,12 @@ func (b *bench) recording(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "Recording cost: fio 4 KiB randwrite, O_DIRECT, %d rounds x %v per setup, setups interleaved.\n\n", b.pairs, b.rt)
-	fmt.Fprintln(w, "| job | base IOPS | log-writes IOPS | ratio lw/base | entries logged per run | removal (s) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| job | base IOPS | log-writes IOPS | ratio lw/base | daemon CPU µs/write base | log-writes | entries logged per run | removal (s) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, j := range jobs {
-		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.3f | %.0f | %.2f |\n", j.title, benchkit.Median(iops[j.title+"/base"]),
-			benchkit.Median(iops[j.title+"/lw"]), benchkit.Median(ratios[j.title]), benchkit.Median(entries[j.title]), benchkit.Median(teardown[j.title]))
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.3f | %.1f | %.1f | %.0f | %.2f |\n", j.title, benchkit.Median(iops[j.title+"/base"]),
+			benchkit.Median(iops[j.title+"/lw"]), benchkit.Median(ratios[j.title]), benchkit.Median(cpuUs[j.title+"/base"]),
+			benchkit.Median(cpuUs[j.title+"/lw"]), benchkit.Median(entries[j.title]), benchkit.Median(teardown[j.title]))
 	}
 	fmt.Fprintln(w)
 	return nil
@@ -270,20 +299,14 @@ func (b *bench) recording(w io.Writer) error {
 // replays records and replays one log per block size.
 func (b *bench) replays(w io.Writer) error {
 	fmt.Fprintf(w, "Replay rate: `dmfuse replay-log --log LOG --replay FILE` of a whole log, log and target on tmpfs; the log holds fio randwrite (libaio 2x32, fsync every 256 writes, every block of a %d MiB device written once).\n\n", b.replayMiB)
-	fmt.Fprintln(w, "| writes | entries | log (MiB) | data (MiB) | replay (s) | entries/s | MiB/s of data | replay-log max RSS (MiB) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| writes | replayed by | entries | log (MiB) | data (MiB) | replay (s) | entries/s | MiB/s of data | CPU (s) | entries per CPU s | MiB per CPU s | max RSS (MiB) |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	data := filepath.Join(b.tmpfs, "rdata.img")
 	half := b.replayMiB / 2
 	sectors := int64(2*half) << 11
 	for _, bs := range []int{4, 128} {
-		for _, f := range []string{data, b.saved} {
-			os.Remove(f)
-			if err := os.WriteFile(f, nil, 0o644); err != nil {
-				return err
-			}
-			if err := os.Truncate(f, sectors*512); err != nil {
-				return err
-			}
+		if err := sparse(data, sectors*512); err != nil {
+			return err
 		}
 		if err := b.createLWOver(data, sectors); err != nil {
 			return err
@@ -304,29 +327,48 @@ func (b *bench) replays(w io.Writer) error {
 		var n, units uint64
 		fmt.Sscanf(string(info), "%d@%d", &n, &units)
 		n++
-		t0 := time.Now()
-		cmd := exec.CommandContext(b.ctx, b.bin, "replay-log", "--log", b.logf, "--replay", b.saved)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("replay-log: %v\n%s", err, out)
+		tools := [][]string{{"dmfuse replay-log", b.bin, "replay-log"}}
+		if b.xfstests != "" {
+			tools = append(tools, []string{"xfstests replay-log", b.xfstests})
 		}
-		d := time.Since(t0).Seconds()
-		var rssMiB float64
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			rssMiB = float64(ru.Maxrss) / 1024
+		for _, tool := range tools {
+			if err := sparse(b.saved, sectors*512); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			cmd := exec.CommandContext(b.ctx, tool[1], append(tool[2:], "--log", b.logf, "--replay", b.saved)...)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("%s: %v\n%s", tool[0], err, out)
+			}
+			d := time.Since(t0).Seconds()
+			var rssMiB, cpu float64
+			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+				rssMiB = float64(ru.Maxrss) / 1024
+				cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+			}
+			same, err := sameFiles(b.saved, data)
+			if err != nil {
+				return err
+			}
+			if !same {
+				return fmt.Errorf("%d KiB writes: the file %s replayed differs from the recorded device", bs, tool[0])
+			}
+			dataMiB := float64(2 * half)
+			logMiB := float64(units*512) / (1 << 20)
+			fmt.Fprintf(w, "| %d KiB | %s | %d | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f | %.0f | %.0f | %.0f |\n", bs, tool[0], n, logMiB, dataMiB, d, float64(n)/d, dataMiB/d, cpu, float64(n)/cpu, dataMiB/cpu, rssMiB)
 		}
-		same, err := sameFiles(b.saved, data)
-		if err != nil {
-			return err
-		}
-		if !same {
-			return fmt.Errorf("%d KiB writes: the replayed file differs from the recorded device", bs)
-		}
-		dataMiB := float64(2 * half)
-		logMiB := float64(units*512) / (1 << 20)
-		fmt.Fprintf(w, "| %d KiB | %d | %.0f | %.0f | %.2f | %.0f | %.0f | %.0f |\n", bs, n, logMiB, dataMiB, d, float64(n)/d, dataMiB/d, rssMiB)
 	}
-	fmt.Fprintln(w, "\nEach replayed file was compared with the recorded device's data file: equal.")
+	fmt.Fprintln(w, "\nEach replayed file (a new sparse file for each replay) was compared with the recorded device's data file: equal.")
 	return nil
+}
+
+// sparse makes path a new sparse file of size bytes.
+func sparse(path string, size int64) error {
+	os.Remove(path)
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		return err
+	}
+	return os.Truncate(path, size)
 }
 
 func sameFiles(a, b string) (bool, error) {
