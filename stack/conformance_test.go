@@ -11,7 +11,7 @@ import (
 // defaultRegistry holds the target types the dmfuse command registers.
 func defaultRegistry(t testing.TB) *stack.Registry {
 	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath)
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/alecthomas/kong"
 )
@@ -36,9 +37,16 @@ type CLI struct {
 	Info    InfoCmd    `cmd:"" help:"Print device information."`
 	Ls      LsCmd      `cmd:"" name:"ls" help:"List devices."`
 	Targets TargetsCmd `cmd:"" help:"List target types and their versions."`
+
+	ReplayLog ReplayLogCmd `cmd:"" name:"replay-log" passthrough:"" help:"Replay a log of the log-writes target onto a device (xfstests' replay-log; also the binary's behaviour under that name)."`
 }
 
 func main() {
+	// Run as replay-log (a link named so), the binary is that program
+	// alone, with its own command line rules.
+	if filepath.Base(os.Args[0]) == "replay-log" {
+		os.Exit(replayLog(os.Args, os.Stdout, os.Stderr))
+	}
 	var cli CLI
 	ctx := kong.Parse(&cli,
 		kong.Name("dmfuse"),

@@ -59,7 +59,16 @@ type Case struct {
 	// NotApplicable names the checks of All that do not apply to the type,
 	// each with the reason.
 	NotApplicable map[string]string
+	// Aux, when not zero, gives every segment's device dev a second device
+	// of Aux bytes that Params may name as dev+AuxSuffix: a memory device
+	// the suite's Opener resolves, or a file beside the backing file. It is
+	// for types whose line names two devices (log-writes: data and log).
+	Aux int64
 }
+
+// AuxSuffix is what a Case's Params appends to its device argument to name
+// the segment's second device (Case.Aux).
+const AuxSuffix = ".aux"
 
 // Cases is the suite's table: for each target type dmfuse registers, by
 // name, the Case that makes it usable over memory devices.
@@ -76,6 +85,8 @@ var Cases = map[string]Case{
 		"SegmentOffsets":       "error fails every I/O, so no offset can be seen",
 		"EscapedPathRoundTrip": "error takes no device (its arguments are ignored and not printed)",
 	}},
+	// A log device per segment; the log itself is not looked at.
+	"log-writes": {Params: func(dev string) string { return dev + " " + dev + AuxSuffix }, Aux: 4 << 20},
 	// Up 1 s, down 0 s: never down.
 	"flakey": {Params: func(dev string) string { return dev + " 0 1 0" }},
 	// No bad blocks: dust passes everything until blocks are added and it
@@ -214,6 +225,9 @@ func newMemEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
 		open[name] = m
 		e.mems = append(e.mems, m)
 		e.names = append(e.names, name)
+		if c.Aux > 0 {
+			open[name+AuxSuffix] = NewMemDevice(name+AuxSuffix, c.Aux)
+		}
 	}
 	e.mgr.Open = open.Open
 	e.create()
@@ -228,11 +242,16 @@ func newFileEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
 	dir := t.TempDir()
 	for i := range nseg {
 		p := filepath.Join(dir, fmt.Sprintf(`seg %d\back.img`, i))
-		if err := os.WriteFile(p, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(p, segBytes); err != nil {
-			t.Fatal(err)
+		for f, size := range map[string]int64{p: segBytes, p + AuxSuffix: c.Aux} {
+			if size == 0 {
+				continue
+			}
+			if err := os.WriteFile(f, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(f, size); err != nil {
+				t.Fatal(err)
+			}
 		}
 		e.names = append(e.names, p)
 	}
