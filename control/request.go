@@ -65,6 +65,8 @@ type Request struct {
 	NoTable bool `json:"notable,omitempty"`
 	// ReadOnly creates a read-only device.
 	ReadOnly bool `json:"readonly,omitempty"`
+	// Minor is the minor create asks for (default: the lowest free one).
+	Minor *uint32 `json:"minor,omitempty"`
 	// NoFlush is suspend (or resume) --noflush.
 	NoFlush bool `json:"noflush,omitempty"`
 	// NoLockFS is suspend (or resume) --nolockfs: do not freeze the file
@@ -161,7 +163,7 @@ func DecodeRequest(line []byte) (*Request, error) {
 // opFields lists, per operation, which optional fields it accepts and whether
 // it needs a device name ("name": required, "name?": optional).
 var opFields = map[string]string{
-	OpCreate:  "name uuid table dir notable readonly",
+	OpCreate:  "name uuid table dir notable readonly minor",
 	OpLoad:    "name table dir",
 	OpClear:   "name",
 	OpSuspend: "name noflush nolockfs",
@@ -203,10 +205,10 @@ func (r *Request) Validate() error {
 		"dir": r.Dir != "", "notable": r.NoTable, "readonly": r.ReadOnly, "noflush": r.NoFlush, "force": r.Force,
 		"inactive": r.Inactive, "sector": r.Sector != 0, "args": len(r.Args) > 0,
 		"nolockfs": r.NoLockFS, "deferred": r.Deferred, "concise": r.Concise, "target": r.Target != "",
-		"event_nr": r.EventNr != 0, "format": r.Format != "",
+		"event_nr": r.EventNr != 0, "format": r.Format != "", "minor": r.Minor != nil,
 	}
 	for _, f := range []string{"name", "new_name", "uuid", "table", "dir", "notable", "readonly", "noflush", "force", "inactive", "sector", "args",
-		"nolockfs", "deferred", "concise", "target", "event_nr", "format"} {
+		"nolockfs", "deferred", "concise", "target", "event_nr", "format", "minor"} {
 		if set[f] && !allowed[f] {
 			return fmt.Errorf("%s: field %q does not apply", r.Op, f)
 		}
@@ -236,6 +238,9 @@ func (r *Request) Validate() error {
 		}
 		if err := stack.ValidUUID(r.UUID); err != nil {
 			return fmt.Errorf("%s: %v", r.Name, err)
+		}
+		if r.Minor != nil && *r.Minor >= 1<<20 {
+			return fmt.Errorf("%s: minor %d out of range", r.Name, *r.Minor)
 		}
 	case OpLoad:
 		if strings.TrimSpace(r.Table) == "" {

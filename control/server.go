@@ -277,7 +277,11 @@ func (s *Server) run(ctx context.Context, r *Request) (string, error) {
 	}
 	switch r.Op {
 	case OpCreate:
-		_, err := m.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: -1, ReadOnly: r.ReadOnly,
+		minor := -1
+		if r.Minor != nil {
+			minor = int(*r.Minor)
+		}
+		_, err := m.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: minor, ReadOnly: r.ReadOnly,
 			Table: r.Table, NoTable: r.NoTable, Dir: r.Dir})
 		return "", err
 	case OpLoad:

@@ -119,7 +119,7 @@ func (m *Manager) RemoveUnused(deferred bool) []string {
 	for {
 		progress := false
 		for _, d := range m.Devices() {
-			if d.holders.Load() > 0 || d.DeferredRemove() {
+			if d.holders.Load() > 0 {
 				continue
 			}
 			if m.Busy(d) != "" {
