@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/alecthomas/kong"
 )
@@ -36,9 +37,22 @@ type CLI struct {
 	Info    InfoCmd    `cmd:"" help:"Print device information."`
 	Ls      LsCmd      `cmd:"" name:"ls" help:"List devices."`
 	Targets TargetsCmd `cmd:"" help:"List target types and their versions."`
+
+	Dmsetup DmsetupCmd `cmd:"" help:"Run dmsetup's command line against the system instance (also when dmfuse is invoked as dmsetup)."`
+	Install InstallCmd `cmd:"" help:"Link DIR/dmsetup to dmfuse, so that scripts running dmsetup drive dmfuse."`
+	Daemon  DaemonCmd  `cmd:"" help:"Serve the system instance (dmsetup starts it when a command needs it)."`
+	Stop    StopCmd    `cmd:"" help:"Stop the system instance once none of its devices is in use."`
 }
 
 func main() {
+	// dmsetup's command line is not dmfuse's: it is scanned by its own
+	// rules, before kong sees it.
+	if filepath.Base(os.Args[0]) == "dmsetup" {
+		os.Exit(runDmsetup(os.Args[0], os.Args[1:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "dmsetup" {
+		os.Exit(runDmsetup("dmsetup", os.Args[2:]))
+	}
 	var cli CLI
 	ctx := kong.Parse(&cli,
 		kong.Name("dmfuse"),
