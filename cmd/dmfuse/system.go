@@ -121,7 +121,7 @@ func (s system) cleanup(w func(string)) {
 // serves; without start it returns nil.
 func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	if s.running() {
-		return &socketCaller{s.socket()}, nil
+		return s.ready()
 	}
 	if _, err := os.Stat(s.dir); errors.Is(err, os.ErrNotExist) && !start {
 		return nil, nil
@@ -132,7 +132,7 @@ func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	}
 	defer lock.Close()
 	if s.running() {
-		return &socketCaller{s.socket()}, nil
+		return s.ready()
 	}
 	s.cleanup(warn)
 	if !start {
@@ -185,6 +185,23 @@ func (s system) start() error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the dmfuse daemon did not answer within %v; see %s", startTimeout, s.path("daemon.log"))
 		}
+	}
+}
+
+// ready waits until a running daemon answers on its socket: one that has
+// just started takes its lock before it listens.
+func (s system) ready() (*socketCaller, error) {
+	deadline := time.Now().Add(startTimeout)
+	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		c, err := net.Dial("unix", s.socket())
+		if err == nil {
+			c.Close()
+			return &socketCaller{s.socket()}, nil
+		}
+		if !s.running() || time.Now().After(deadline) {
+			return &socketCaller{s.socket()}, nil // Call reports why it cannot connect
+		}
+		time.Sleep(wait)
 	}
 }
 
