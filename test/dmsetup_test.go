@@ -497,6 +497,15 @@ func TestDmsetupStacked(t *testing.T) {
 	if err != nil || !bytes.Equal(back, data) {
 		t.Errorf("the lower device does not read what the upper wrote: %v", err)
 	}
+	// A new size reaches the block device on resume.
+	e.must("load", "dmst-top", "--table", "0 24576 linear /dev/mapper/dmst-base 8192")
+	if got := strings.TrimSpace(run(t, "blockdev", "--getsz", "/dev/mapper/dmst-top")); got != "16384" {
+		t.Errorf("size after load, before resume: %s sectors", got)
+	}
+	e.must("resume", "dmst-top")
+	if got := strings.TrimSpace(run(t, "blockdev", "--getsz", "/dev/mapper/dmst-top")); got != "24576" {
+		t.Errorf("size after resume: %s sectors, want 24576", got)
+	}
 	if _, errs, code := e.dmsetup("", "remove", "dmst-base"); code != 1 ||
 		errs != "device-mapper: remove ioctl on dmst-base  failed: Device or resource busy\nCommand failed.\n" {
 		t.Errorf("remove of the lower device: exit %d, %q", code, errs)
@@ -614,6 +623,25 @@ func TestDmsetupRemoveMounted(t *testing.T) {
 	}
 }
 
+// TestDmsetupSelfReference is blktests dm/001: a reload of a suspended
+// device with a table that maps to itself (through its node) fails, and the
+// suspended device, open by nobody, is removed without a word.
+func TestDmsetupSelfReference(t *testing.T) {
+	e := newDmsetupEnv(t)
+	dev := e.loop("self", 8<<20)
+	out := e.mustSh(fmt.Sprintf(`TEST_DEV=%s
+dmsetup create test --table "0 8192 linear ${TEST_DEV} 0"
+dmsetup suspend test
+if dmsetup reload test --table "0 8192 linear /dev/mapper/test 0" &> /dev/null; then
+	echo "reload a dm with maps to itself succeed."
+fi
+dmsetup remove test
+[ ! -e /dev/mapper/test ] || echo "node left"`, dev))
+	if out != "" {
+		t.Errorf("dm/001 printed:\n%s", out)
+	}
+}
+
 // TestDmsetupConcurrentStart: commands racing to start the daemon start
 // one, and every one succeeds.
 func TestDmsetupConcurrentStart(t *testing.T) {
@@ -660,8 +688,34 @@ func TestDmsetupDaemonDies(t *testing.T) {
 	if pid == 0 {
 		t.Fatal("no daemon pid")
 	}
+	// A command in flight when the daemon dies fails cleanly: wait until
+	// the daemon holds one more socket (the waiting command's), then kill.
+	sockets := func() int {
+		n := 0
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); strings.HasPrefix(l, "socket:") {
+				n++
+			}
+		}
+		return n
+	}
+	before := sockets()
+	waiting := make(chan string, 1)
+	go func() {
+		out, errs, code := e.dmsetup("", "wait", "dmst-crash")
+		waiting <- fmt.Sprintf("exit %d: %s%s", code, out, errs)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); sockets() <= before; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting command did not connect")
+		}
+	}
 	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
 		t.Fatal(err)
+	}
+	if got := <-waiting; !strings.HasPrefix(got, "exit 1: dmfuse: ") || !strings.HasSuffix(got, "\nCommand failed.\n") {
+		t.Errorf("wait on a daemon that died: %q", got)
 	}
 	for deadline := time.Now().Add(5 * time.Second); unix.Kill(pid, 0) == nil; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {

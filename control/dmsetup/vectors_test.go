@@ -243,6 +243,18 @@ func TestVectorsParsing(t *testing.T) {
 	}
 }
 
+// TestNotRoot: a caller who is not root gets one line, and no daemon.
+func TestNotRoot(t *testing.T) {
+	h := newHarness(t)
+	var out, errb strings.Builder
+	code := Run(&Env{Prog: "dmsetup", Args: []string{"create", "x", "--table", "0 8 zero"}, Stdin: strings.NewReader(""),
+		Stdout: &out, Stderr: &errb, Getenv: func(string) string { return "" },
+		Connect: func(bool) (Caller, error) { h.starts++; return nil, nil }})
+	if code != 1 || out.String() != "" || errb.String() != "dmsetup: permission denied: managing dmfuse devices needs root.\n" || h.starts != 0 {
+		t.Errorf("not root: exit %d, %q, %q, %d starts", code, out.String(), errb.String(), h.starts)
+	}
+}
+
 // captureUsage returns the usage text.
 func captureUsage() string {
 	var b strings.Builder
