@@ -21,7 +21,7 @@
 // the device's file (MOUNT/bench) and on /dev/mapper/bench, in -rounds
 // interleaved rounds (the target that goes first alternates). It prints
 // the median IOPS of each and the median over the rounds of the per-round
-// ratio block/file. Everything it set up is torn down on exit, on error
+// ratio block/file, with the smallest and largest. Everything it set up is torn down on exit, on error
 // and on SIGINT or SIGTERM.
 package main
 
@@ -194,11 +194,12 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int) (err error) {
 	}
 	fmt.Printf("kernel %s, fio %s, %d CPUs; %d MiB linear device over a tmpfs file; fio 4 KiB O_DIRECT, %d rounds x %v\n\n",
 		benchkit.Kernel(), benchkit.FioVersion(), numCPU(), sizeMiB, rounds, rt)
-	fmt.Println("| job | file MOUNT/bench IOPS | /dev/mapper/bench IOPS | median ratio block/file |")
+	fmt.Println("| job | file MOUNT/bench IOPS | /dev/mapper/bench IOPS | ratio block/file (rounds' range) |")
 	fmt.Println("|---|---:|---:|---:|")
 	for _, j := range jobs {
-		fmt.Printf("| %s | %.0f | %.0f | %.3f |\n", j.name, benchkit.Median(iops[j.name+targets[0]]),
-			benchkit.Median(iops[j.name+targets[1]]), benchkit.Median(ratios[j.name]))
+		r := ratios[j.name]
+		fmt.Printf("| %s | %.0f | %.0f | **%.2f** (%.2f-%.2f) |\n", j.name, benchkit.Median(iops[j.name+targets[0]]),
+			benchkit.Median(iops[j.name+targets[1]]), benchkit.Median(r), slices.Min(r), slices.Max(r))
 	}
 	fmt.Printf("\nfirst `dmsetup create` with no daemon until /dev/mapper/bench reads, %d starts: median %.1f ms, min %.1f ms, max %.1f ms\n",
 		len(times), benchkit.Median(times), slices.Min(times), slices.Max(times))
