@@ -123,13 +123,15 @@ func TestControlWait(t *testing.T) {
 	done := make(chan *Response)
 	go func() { done <- e.do(Request{Op: OpWait, Name: "w"}) }()
 	time.Sleep(10 * time.Millisecond)
-	e.ok(Request{Op: OpRename, Name: "w", NewName: "w2"})
+	// A target's table event (whether the waiter is waiting yet or not).
+	e.mgr.Lookup("w").RaiseEvent()
 	if r := <-done; *r != (Response{}) {
 		t.Errorf("wait: %+v", r)
 	}
+	e.ok(Request{Op: OpRename, Name: "w", NewName: "w2"})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if r := e.srv.Handle(ctx, &Request{Op: OpWait, Name: "w2", EventNr: 1}); r.Errno != "EINTR" {
+	if r := e.srv.Handle(ctx, &Request{Op: OpWait, Name: "w2", EventNr: 2}); r.Errno != "EINTR" {
 		t.Errorf("interrupted wait: %+v", r)
 	}
 	if r := e.do(Request{Op: OpWait, Name: "nope"}); r.Errno != "ENXIO" {

@@ -212,7 +212,7 @@ func TestWaitEvent(t *testing.T) {
 	}
 	got := make(chan uint32)
 	go func() {
-		n, _ := m.WaitEvent(context.Background(), "w", 0)
+		n, _ := d.WaitEvent(context.Background(), 0)
 		got <- n
 	}()
 	select {

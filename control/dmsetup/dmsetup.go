@@ -284,15 +284,16 @@ func (r *run) main() int {
 	}
 	multi := r.cmd.repeatable > 0 && len(words) != 1 &&
 		(len(words) > 0 || !r.o.on("uuid") && !r.o.on("major"))
-	code := 0
 	for i := 0; ; i++ {
 		var args []string
 		if i < len(words) {
 			args = words[i:]
 		}
 		if !r.cmd.fn(r, args, multi) {
-			r.flushReport()
+			// As dmsetup: the report gathered so far is printed after
+			// the failure.
 			r.errf("Command failed.")
+			r.flushReport()
 			return 1
 		}
 		if r.cmd.repeatable == 0 || i+1 >= len(words) {
@@ -300,7 +301,7 @@ func (r *run) main() int {
 		}
 	}
 	r.flushReport()
-	return code
+	return 0
 }
 
 // needsDaemon reports whether the verb talks to a daemon.

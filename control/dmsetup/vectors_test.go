@@ -61,6 +61,9 @@ func TestVectorsLifecycle(t *testing.T) {
 		{args: args("info", "-c", "--noheadings", "-o", "name,blkdevname,attr,major,minor,open,segments,events", "--separator", " ", "test"),
 			out: "test test L--w 253 0 0 1 0\n"},
 		{args: args("info", "-c", "--nameprefixes", "--noheadings", "-o", "name,open", "test"), out: "DM_NAME='test':DM_OPEN='0'\n"},
+		// Rows gathered before a failure are still printed.
+		{args: args("info", "-c", "-o", "name", "test", "nosuch"), out: "Name            \ntest            \n",
+			err: "Device does not exist.\n" + failed, code: 1},
 		{args: args("info", "-c", "--rows", "test"), out: "Name test\nMaj 253\nMin 0\nStat L--w\nOpen 0\nTarg 1\nEvent 0\nUUID \n"},
 		// V5
 		{args: args("info", "nosuch"), err: "Device does not exist.\n" + failed, code: 1},

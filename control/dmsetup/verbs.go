@@ -130,13 +130,15 @@ func (r *run) createOne(name, uuid string, minor *uint32, ro bool, table *string
 		return false
 	}
 	if table != nil && *table != "" {
-		lt := t
+		// The load goes by number and the resume by name, neither with
+		// the uuid, as libdevmapper's _create_and_load_v4 sends them.
+		lt := target{name: name}
 		if devs := r.reportOf(name); len(devs) == 1 {
 			lt.devno = fmt.Sprintf("(%d:%d)", devs[0].Major, devs[0].Minor)
 		}
 		_, ok := r.do("reload", lt, &control.Request{Op: control.OpLoad, Name: name, Table: *table, Dir: r.env.Dir})
 		if ok {
-			_, ok = r.do("resume", target{name: name, uuid: uuid}, &control.Request{Op: control.OpResume, Name: name})
+			_, ok = r.do("resume", target{name: name}, &control.Request{Op: control.OpResume, Name: name})
 		}
 		if !ok {
 			if resp := r.call(&control.Request{Op: control.OpRemove, Name: name}); resp == nil || resp.Error != "" {
