@@ -29,23 +29,28 @@ type loopDev struct {
 // I/O (LOOP_CONFIGURE with LO_FLAGS_DIRECT_IO, 512-byte blocks), read-only
 // if ro. A loop device taken by someone else between LOOP_CTL_GET_FREE and
 // LOOP_CONFIGURE is skipped.
+//
+// The file is opened with open(2) itself, not os.OpenFile: the Go runtime
+// adds what os.OpenFile opens to its epoll set, and epoll_ctl on a FUSE
+// file asks the FUSE server (FUSE_POLL), which for a file of the daemon's
+// own mount is this process.
 func attachLoop(path string, ro bool) (*loopDev, error) {
-	flags := os.O_RDWR
+	flags := unix.O_RDWR
 	if ro {
-		flags = os.O_RDONLY
+		flags = unix.O_RDONLY
 	}
-	f, err := os.OpenFile(path, flags|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer f.Close()
-	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
+	defer unix.Close(fd)
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, &os.PathError{Op: "open", Path: "/dev/loop-control", Err: err}
 	}
-	defer ctl.Close()
+	defer unix.Close(ctl)
 	for tries := 0; ; tries++ {
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
 		if err != nil {
 			return nil, fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
 		}
@@ -54,7 +59,7 @@ func attachLoop(path string, ro bool) (*loopDev, error) {
 		if err != nil {
 			return nil, err
 		}
-		cfg := unix.LoopConfig{Fd: uint32(f.Fd()), Size: 512}
+		cfg := unix.LoopConfig{Fd: uint32(fd), Size: 512}
 		cfg.Info.Flags = loFlagsDirectIO
 		if ro {
 			cfg.Info.Flags |= loFlagsReadOnly

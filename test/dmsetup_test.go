@@ -2,6 +2,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -22,6 +23,10 @@ import (
 // block devices at /dev/mapper/NAME, driven as the harnesses drive the
 // kernel's device-mapper (xfstests common/dmflakey, dmerror, dmdust,
 // blktests dm/002, bbolt's dmflakey).
+
+// commandTimeout bounds each command a test runs, so that a hang fails the
+// test with what it was doing.
+const commandTimeout = 2 * time.Minute
 
 // dmsetupEnv is one private system instance and the PATH that finds
 // dmfuse as dmsetup.
@@ -56,7 +61,9 @@ func newDmsetupEnv(t *testing.T) *dmsetupEnv {
 // dmsetup runs dmsetup and returns stdout, stderr and the exit status.
 func (e *dmsetupEnv) dmsetup(stdin string, args ...string) (string, string, int) {
 	e.t.Helper()
-	cmd := exec.Command("dmsetup", args...)
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "dmsetup", args...)
 	cmd.Env, cmd.Dir = e.env, e.dir
 	cmd.Path = filepath.Join(e.dir, "bin", "dmsetup")
 	cmd.Stdin = strings.NewReader(stdin)
@@ -87,7 +94,9 @@ func (e *dmsetupEnv) must(args ...string) string {
 // output and exit status.
 func (e *dmsetupEnv) sh(script string) (string, int) {
 	e.t.Helper()
-	cmd := exec.Command("bash", "-c", script)
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", script)
 	cmd.Env, cmd.Dir = e.env, e.dir
 	out, err := cmd.CombinedOutput()
 	code := 0

@@ -36,7 +36,9 @@ import (
 //	RUN/nodes         the nodes the daemon made in the mapper folder
 //
 // Its devices are exported as loop devices with nodes in $DM_DEV_DIR/mapper
-// (/dev/mapper), as the kernel's device-mapper has them.
+// (/dev/mapper), as the kernel's device-mapper has them. DMFUSE_TRANSPORT
+// (auto, uring or dev) picks the FUSE transport, as dmfuse mount
+// --transport does.
 
 // defaultRunDir is the system instance's folder.
 const defaultRunDir = "/run/dmfuse"
@@ -267,7 +269,7 @@ func (c *DaemonCmd) Run() error {
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		return err
 	}
-	srv, err := fs.Mount(mnt, mgr, fs.Options{})
+	srv, err := fs.Mount(mnt, mgr, fs.Options{Transport: os.Getenv("DMFUSE_TRANSPORT")})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
