@@ -157,14 +157,15 @@ func (d *daemon) path(name ...string) string {
 	return filepath.Join(append([]string{d.mnt}, name...)...)
 }
 
-// stop sends sig and waits for the daemon to exit.
+// stop sends sig and waits for the daemon to exit (nil if it had exited
+// already).
 func (d *daemon) stop(sig os.Signal) error {
-	// A daemon that has exited already left its result in done (reading
-	// cmd.ProcessState here would race with the goroutine in Wait).
+	// Whether it has exited is asked of d.done: cmd.ProcessState is written
+	// by the goroutine that waits for the process.
 	select {
 	case err := <-d.done:
 		d.done <- err
-		return err
+		return nil
 	default:
 	}
 	d.cmd.Process.Signal(sig)
