@@ -301,8 +301,15 @@ func (r *readResult) Done() {
 	readResults.Put(r)
 }
 
-func (n *devNode) Write(_ context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
-	k, err := n.dev.WriteAt(ioCtx, data, off)
+// Write writes to the device; a write that rawFS marked (O_DSYNC in the
+// request) goes down with the FUA mark, so that it is on stable media before
+// it is acknowledged.
+func (n *devNode) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	wctx := ioCtx
+	if fc, ok := ctx.(*fuse.Context); ok && fc.Cancel == fuaCancel {
+		wctx = fuaCtx
+	}
+	k, err := n.dev.WriteAt(wctx, data, off)
 	if err != nil && k == 0 {
 		return 0, errno(err)
 	}
@@ -322,6 +329,41 @@ func (n *devNode) Fsync(_ context.Context, _ gofs.FileHandle, _ uint32) syscall.
 // do not retry.) A fatal signal aborts the request in the kernel; the
 // daemon's answer, when it comes, is dropped.
 var ioCtx = context.Background()
+
+// fuaCtx is ioCtx with the FUA mark (stack.WithFUA).
+var fuaCtx = stack.WithFUA(ioCtx)
+
+// fuaCancel stands, in the context go-fuse's bridge hands to devNode.Write,
+// for the request's cancel channel when rawFS found O_DSYNC in the request.
+// The bridge passes a WRITE's offset, data and cancel channel on but drops
+// fuse_write_in.flags, and the kernel sends no FSYNC after an O_DSYNC write
+// to a FOPEN_DIRECT_IO file (fs/fuse/file.c: fuse_direct_write_iter): the
+// flag is the only sign that the write must be durable. Nothing closes
+// fuaCancel; device I/O ignores cancellation anyway (ioCtx).
+var fuaCancel <-chan struct{} = make(chan struct{})
+
+// rawFS is go-fuse's bridge with WRITE requests looked at first: those whose
+// fuse_write_in.flags hold O_DSYNC (the kernel sets it for files opened with
+// O_DSYNC or O_SYNC and for pwritev2 with RWF_DSYNC or RWF_SYNC:
+// fs/fuse/file.c: fuse_write_flags) are marked for devNode.Write with
+// fuaCancel. Both transports serve through it.
+type rawFS struct{ fuse.RawFileSystem }
+
+func (r rawFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
+	return r.RawFileSystem.Write(markFUA(cancel, in), in, data)
+}
+
+func (r rawFS) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
+	return r.RawFileSystem.Writev(markFUA(cancel, in), in, data)
+}
+
+// markFUA returns fuaCancel for a write that must be durable, else cancel.
+func markFUA(cancel <-chan struct{}, in *fuse.WriteIn) <-chan struct{} {
+	if in.Flags&syscall.O_DSYNC != 0 {
+		return fuaCancel
+	}
+	return cancel
+}
 
 // errno turns a device error into the errno the caller sees: the Errno it
 // carries, else EIO.

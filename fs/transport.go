@@ -103,7 +103,7 @@ func mountTransport(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o O
 		return nil, fmt.Errorf("unknown transport %q (want auto, uring or dev)", t)
 	}
 	if t == TransportDev {
-		srv, err := gofs.Mount(dir, root, opts)
+		srv, err := mountDev(dir, root, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +115,7 @@ func mountTransport(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o O
 		if t == TransportURing {
 			return nil, fmt.Errorf("io_uring transport: %w", why)
 		}
-		srv, err := gofs.Mount(dir, root, opts)
+		srv, err := mountDev(dir, root, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -127,6 +127,22 @@ func mountTransport(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o O
 		return nil, err
 	}
 	return s, nil
+}
+
+// mountDev mounts root on dir served from /dev/fuse, as go-fuse's fs.Mount
+// does, through rawFS.
+func mountDev(dir string, root gofs.InodeEmbedder, opts *gofs.Options) (*fuse.Server, error) {
+	srv, err := fuse.NewServer(rawFS{gofs.NewNodeFS(root, opts)}, dir, &opts.MountOptions)
+	if err != nil {
+		return nil, err
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		// As in fs.Mount: the serve loop ends by itself when the mount
+		// failed.
+		return nil, err
+	}
+	return srv, nil
 }
 
 // newRings creates the rings before the mount, so that a failure still
@@ -175,7 +191,7 @@ func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Optio
 	}
 	nopts := *opts
 	nopts.MountOptions = mo
-	raw := gofs.NewNodeFS(root, &nopts)
+	raw := rawFS{gofs.NewNodeFS(root, &nopts)}
 	// NewServer answers FUSE_INIT before it returns.
 	srv, err := fuse.NewServer(raw, fmt.Sprintf("/dev/fd/%d", fd), &mo)
 	if err != nil {

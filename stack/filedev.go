@@ -76,10 +76,19 @@ func (d *fileDev) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-func (d *fileDev) WriteAt(_ context.Context, p []byte, off int64) (int, error) {
+// WriteAt writes with pwrite; a write marked FUA (WithFUA) is written with
+// RWF_DSYNC, so that it is on stable media when it returns.
+func (d *fileDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	fua := FUA(ctx)
 	n := 0
 	for n < len(p) {
-		k, err := unix.Pwrite(d.fd, p[n:], off+int64(n))
+		var k int
+		var err error
+		if fua {
+			k, err = unix.Pwritev2(d.fd, [][]byte{p[n:]}, off+int64(n), unix.RWF_DSYNC)
+		} else {
+			k, err = unix.Pwrite(d.fd, p[n:], off+int64(n))
+		}
 		if err == unix.EINTR {
 			continue
 		}

@@ -30,6 +30,22 @@ const (
 //
 // A method returns the number of bytes transferred and an error; a short count
 // without an error is not allowed. Errors should wrap a syscall.Errno (EIO, ...).
+//
+// Durability follows the block layer's contract for a device with a volatile
+// write cache. A completed write need not be on stable media until a flush
+// (Flusher) that was issued after it completes. A write whose ctx carries the
+// FUA mark (FUA(ctx), set with WithFUA; the kernel's REQ_FUA) must be on
+// stable media when WriteAt returns, but says nothing about earlier writes. A
+// target that remaps I/O passes ctx down unchanged with every write, so the
+// mark reaches the underlying device (a backing file then writes with
+// RWF_DSYNC); a target that caches writes (powercut) writes a marked write
+// through. The fs layer marks the writes that FUSE sends with O_DSYNC in
+// fuse_write_in.flags: writes to a device file opened with O_DSYNC or
+// O_SYNC, and pwritev2 with RWF_DSYNC or RWF_SYNC (fs/fuse/file.c:
+// fuse_write_flags; a FOPEN_DIRECT_IO file gets no FSYNC after them). A file
+// system on a loop device sends no FUA: loop advertises a write cache but no
+// FUA, so the block layer turns a REQ_FUA write into the write followed by a
+// flush (block/blk-flush.c: blk_flush_policy), which reaches dmfuse as FSYNC.
 type Target interface {
 	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
 	WriteAt(ctx context.Context, p []byte, off int64) (int, error)
@@ -43,9 +59,36 @@ type Target interface {
 
 // Flusher is implemented by targets that pass flushes (fsync) down. A target
 // without it completes a flush at once with success (dm sends no flush to zero
-// and error).
+// and error). When Flush returns nil, every write that completed before it was
+// called is on stable media.
 type Flusher interface {
 	Flush(ctx context.Context) error
+}
+
+// fuaKey is the context key of the FUA mark.
+type fuaKey struct{}
+
+// fuaBackground is WithFUA(context.Background()), built once: the fs layer
+// marks its writes without an allocation per write.
+var fuaBackground = context.WithValue(context.Background(), fuaKey{}, true)
+
+// WithFUA returns ctx with the FUA mark (the kernel's REQ_FUA): a write made
+// with it must be on stable media before it completes. Targets read the mark
+// with FUA and pass ctx on unchanged; see Target.
+func WithFUA(ctx context.Context) context.Context {
+	if ctx == context.Background() {
+		return fuaBackground
+	}
+	if FUA(ctx) {
+		return ctx
+	}
+	return context.WithValue(ctx, fuaKey{}, true)
+}
+
+// FUA reports whether ctx carries the FUA mark of WithFUA.
+func FUA(ctx context.Context) bool {
+	v, _ := ctx.Value(fuaKey{}).(bool)
+	return v
 }
 
 // Discarder is implemented by targets that handle discards (fallocate
