@@ -78,6 +78,13 @@ type powercut struct {
 		cuts     uint64
 		lastMode string // "none", "all", "random" or "torn"
 		lastSeed uint64
+
+		// destaging is set while a write destages for all: writes that
+		// find the cache over its bound meanwhile wait on room, which
+		// each batch of the write-back signals, instead of queueing on
+		// wb for the whole write-back.
+		destaging bool
+		room      sync.Cond
 	}
 }
 
@@ -226,7 +233,9 @@ func pcFreeEntry(e *pcEntry) {
 //
 // The cache holds writes, discards and write-zeroes, each counted by the
 // sectors it touches. When it holds more than the bound, the oldest entries
-// are written back at once, as a real cache destages. A request larger than
+// are written back at once, until it holds at most 7/8 of the bound, as a
+// real cache destages (the write that crossed the bound waits for that). A
+// request larger than
 // the bound is written through, after every cached entry (so cache_sectors
 // 0 is a disk without a volatile cache). A suspend writes the whole cache
 // back, as dm-writecache does (so that a new table never loses it); a power
@@ -302,6 +311,7 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 	p.dev, p.devs, p.start, p.off = r.Dev, []BlockDevice{r.Dev}, r.Off, r.Off/SectorSize
 	p.mu.lastMode = "none"
 	p.mu.idx.init()
+	p.mu.room.L = &p.mu.Mutex
 	return p, nil
 }
 
@@ -425,13 +435,40 @@ func (p *powercut) add(ctx context.Context, e *pcEntry) error {
 	over := p.mu.sectors > p.limit
 	p.mu.Unlock()
 	if over {
-		return p.destage(ctx)
+		return p.makeRoom(ctx)
 	}
 	return nil
 }
 
-// destage writes back the oldest entries until the cache is within its
-// bound.
+// makeRoom returns once the cache is within its bound: at once if it is,
+// else after another write's destage made room, else after destaging
+// itself.
+func (p *powercut) makeRoom(ctx context.Context) error {
+	p.mu.Lock()
+	for p.mu.sectors > p.limit && p.mu.destaging && !p.down.Load() {
+		p.mu.room.Wait()
+	}
+	switch {
+	case p.down.Load():
+		p.mu.Unlock()
+		return syscall.EIO
+	case p.mu.sectors <= p.limit:
+		p.mu.Unlock()
+		return nil
+	}
+	p.mu.destaging = true
+	p.mu.Unlock()
+	err := p.destage(ctx)
+	p.mu.Lock()
+	p.mu.destaging = false
+	p.mu.room.Broadcast()
+	p.mu.Unlock()
+	return err
+}
+
+// destage writes back the oldest entries, once the cache is over its bound,
+// until it holds at most 7/8 of the bound: a batch, so that the writes that
+// follow find room without waiting for wb one by one.
 func (p *powercut) destage(ctx context.Context) error {
 	p.wb.Lock()
 	defer p.wb.Unlock()
@@ -440,13 +477,15 @@ func (p *powercut) destage(ctx context.Context) error {
 		p.mu.Unlock()
 		return syscall.EIO
 	}
-	first, k := p.mu.head, int64(0)
-	for e, excess := first, p.mu.sectors-p.limit; excess > 0 && e != nil; e = e.next {
-		excess -= e.sectors()
-		k++
+	k := int64(0)
+	if p.mu.sectors > p.limit {
+		for e, excess := p.mu.head, p.mu.sectors-(p.limit-p.limit/8); excess > 0 && e != nil; e = e.next {
+			excess -= e.sectors()
+			k++
+		}
 	}
 	p.mu.Unlock()
-	return p.writeBack(ctx, first, k)
+	return p.writeBack(ctx, k)
 }
 
 // writeThrough writes e, larger than the cache, to the device after every
@@ -515,36 +554,54 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 		p.mu.Unlock()
 		return syscall.EIO
 	}
-	first, k := p.mu.head, p.mu.count
+	k := p.mu.count
 	p.mu.Unlock()
-	return p.writeBack(ctx, first, k)
+	return p.writeBack(ctx, k)
 }
 
-// writeBack writes the k oldest entries, from first, to the device in order,
-// then drops those that were written from the cache. The caller holds wb
-// exclusively, so the list's head is still first when it is done.
-func (p *powercut) writeBack(ctx context.Context, first *pcEntry, k int64) error {
+// pcWriteBackBatch is how many written-back entries leave the cache at a
+// time, so that a long write-back makes room (and lets waiting writes in)
+// as it goes.
+const pcWriteBackBatch = 32
+
+// writeBack writes the k oldest entries to the device in order, dropping
+// them from the cache pcWriteBackBatch at a time. The caller holds wb
+// exclusively: nothing else takes entries off the head of the list.
+func (p *powercut) writeBack(ctx context.Context, k int64) error {
+	for k > 0 {
+		p.mu.Lock()
+		first := p.mu.head
+		p.mu.Unlock()
+		n := min(k, pcWriteBackBatch)
+		var err error
+		done := int64(0)
+		for e := first; ; e = e.next {
+			if err = p.writeEntry(ctx, e, e.end-e.off); err != nil {
+				break
+			}
+			if done++; done == n {
+				break
+			}
+		}
+		p.drop(done)
+		if err != nil {
+			return err
+		}
+		k -= done
+	}
+	return nil
+}
+
+// drop takes the k oldest entries, written back, off the cache and frees
+// them.
+func (p *powercut) drop(k int64) {
 	if k == 0 {
-		return nil
-	}
-	var err error
-	done, e := int64(0), first
-	for {
-		if err = p.writeEntry(ctx, e, e.end-e.off); err != nil {
-			break
-		}
-		if done++; done == k {
-			break
-		}
-		e = e.next
-	}
-	if done == 0 {
-		return err
+		return
 	}
 	p.mu.Lock()
-	e = first
+	first, e := p.mu.head, p.mu.head
 	var sectors int64
-	for range done {
+	for range k {
 		p.mu.idx.clear(e.off, e.end, e)
 		sectors += e.sectors()
 		e = e.next
@@ -553,18 +610,18 @@ func (p *powercut) writeBack(ctx context.Context, first *pcEntry, k int64) error
 	if e == nil {
 		p.mu.tail = nil
 	}
-	p.mu.count -= done
+	p.mu.count -= k
 	p.mu.sectors -= sectors
 	p.mu.gen++
 	p.ncached.Store(p.mu.count)
+	p.mu.room.Broadcast()
 	p.mu.Unlock()
-	p.destaged.Add(uint64(done))
-	for e = first; done > 0; done-- {
+	p.destaged.Add(uint64(k))
+	for e = first; k > 0; k-- {
 		next := e.next
 		pcFreeEntry(e)
 		e = next
 	}
-	return err
 }
 
 // writeEntry applies the first keep bytes of e to the device, less its
@@ -675,6 +732,7 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 	p.mu.gen++
 	p.mu.cuts++
 	p.mu.lastMode, p.mu.lastSeed = mode, seed
+	p.mu.room.Broadcast()
 	p.mu.Unlock()
 
 	rng := rand.New(rand.NewPCG(seed, pcSeedStream))

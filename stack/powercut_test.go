@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -312,6 +313,20 @@ func TestPowercutBound(t *testing.T) {
 	}
 	if l := dev.take(); strings.Join(l, ",") != "w 0 512,d 51200 10240" {
 		t.Fatalf("a discard larger than the cache sent %v", l)
+	}
+
+	// Past the bound the cache destages in a batch, down to 7/8 of it.
+	devB := newPCRecDev("memb", 64)
+	pcB := newPC(t, devB, "2 cache_sectors 16")
+	for i := range 16 {
+		pcB.write(fill(byte(i), pcSector), int64(i)*pcSector)
+	}
+	if l := devB.take(); len(l) != 0 {
+		t.Fatalf("16 sectors in a 16-sector cache sent %v", l)
+	}
+	pcB.write(fill(16, pcSector), 16*pcSector)
+	if l := devB.take(); strings.Join(l, ",") != "w 0 512,w 512 512,w 1024 512" {
+		t.Fatalf("the 17th sector sent %v, want the three oldest (down to 14 sectors)", l)
 	}
 
 	// cache_sectors 0: a disk without a volatile cache.
@@ -1009,5 +1024,82 @@ func BenchmarkPowercutWrite(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// pcFaultDev is a memory device whose writes fail while failWrites is set
+// and whose reads first run onRead, if set.
+type pcFaultDev struct {
+	*stack.MemDevice
+	failWrites atomic.Bool
+	onRead     func()
+}
+
+func (d *pcFaultDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if d.failWrites.Load() {
+		return 0, syscall.EIO
+	}
+	return d.MemDevice.WriteAt(ctx, p, off)
+}
+
+func (d *pcFaultDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if d.onRead != nil {
+		d.onRead()
+	}
+	return d.MemDevice.ReadAt(ctx, p, off)
+}
+
+// TestPowercutDeviceErrors: a write-back that fails keeps the entries it did
+// not write in the cache (still read back, written by the next flush), and
+// the flush or the write that destaged reports the error.
+func TestPowercutDeviceErrors(t *testing.T) {
+	dev := &pcFaultDev{MemDevice: stack.NewMemDevice("mem", 64*pcSector)}
+	pc := newPC(t, dev, "2 cache_sectors 16")
+	ctx := context.Background()
+	pc.write(fill('a', 8*pcSector), 0)
+	pc.write(fill('b', 8*pcSector), 8*pcSector)
+	dev.failWrites.Store(true)
+	if err := pc.Target.(stack.Flusher).Flush(ctx); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("flush with a failing device: %v, want EIO", err)
+	}
+	if _, err := pc.WriteAt(ctx, fill('c', pcSector), 16*pcSector); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("a write that destages onto a failing device: %v, want EIO", err)
+	}
+	if got := pc.msg("dirty"); got != "0+8 write\n8+8 write\n16+1 write\n" {
+		t.Fatalf("dirty after failed write-backs: %q", got)
+	}
+	if got := pc.read(0, 17*pcSector); !bytes.Equal(got, append(append(fill('a', 4096), fill('b', 4096)...), fill('c', 512)...)) {
+		t.Fatal("cached data does not read back after failed write-backs")
+	}
+	dev.failWrites.Store(false)
+	pc.flush()
+	if !bytes.Equal(dev.Bytes()[:17*pcSector], pc.read(0, 17*pcSector)) || pc.msg("dirty") != "no cached writes" {
+		t.Fatal("the flush after the device recovered did not write the cache back")
+	}
+}
+
+// TestPowercutReadRetries: a read that goes to the device while write-backs
+// change what the cache holds tries again, and after three tries holds
+// write-backs off; it returns the newest data either way.
+func TestPowercutReadRetries(t *testing.T) {
+	dev := &pcFaultDev{MemDevice: stack.NewMemDevice("mem", 64*pcSector)}
+	pc := newPC(t, dev, "")
+	reads := 0
+	dev.onRead = func() {
+		// The first three device reads each see a write-back happen
+		// under them; later ones (the read then holds write-backs off)
+		// must not flush.
+		if reads++; reads <= 3 {
+			pc.write(fill(byte('0'+reads), pcSector), int64(reads)*pcSector)
+			pc.flush()
+			pc.write(fill('n', pcSector), 10*pcSector)
+		}
+	}
+	pc.write(fill('x', pcSector), 0)
+	got := pc.read(0, 12*pcSector)
+	want := bytes.Join([][]byte{fill('x', pcSector), fill('1', pcSector), fill('2', pcSector), fill('3', pcSector),
+		make([]byte, 6*pcSector), fill('n', pcSector), make([]byte, pcSector)}, nil)
+	if reads != 4 || !bytes.Equal(got, want) {
+		t.Fatalf("%d device reads; read differs at byte %d", reads, firstDiffPC(got, want))
 	}
 }
