@@ -49,7 +49,7 @@ type MountCmd struct {
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
 	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites)
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, stack.Powercut)
 	if err != nil {
 		panic(err)
 	}
