@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/control"
 )
 
 var (
@@ -28,13 +28,13 @@ var (
 )
 
 // pcCall sends one control request to d and returns its output.
-func pcCall(t *testing.T, d *daemon, req *stack.Request) string {
+func pcCall(t *testing.T, d *daemon, req *control.Request) string {
 	t.Helper()
-	path, err := stack.DefaultControlPath(d.mnt)
+	path, err := control.DefaultPath(d.mnt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := stack.CallControl(path, req)
+	resp, err := control.Call(path, req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", req.Op, req.Name, err)
 	}
@@ -47,7 +47,7 @@ func pcCall(t *testing.T, d *daemon, req *stack.Request) string {
 // pcMessage sends a message to the target at sector 0 of name.
 func pcMessage(t *testing.T, d *daemon, name string, words ...string) string {
 	t.Helper()
-	return pcCall(t, d, &stack.Request{Op: stack.OpMessage, Name: name, Args: words})
+	return pcCall(t, d, &control.Request{Op: control.OpMessage, Name: name, Args: words})
 }
 
 // pcMemDir returns a new folder on tmpfs (/dev/shm) when there is one, so
@@ -96,7 +96,7 @@ func TestPowercutDSyncWrites(t *testing.T) {
 	if _, err := plain.WriteAt(e, 12288); err != nil {
 		t.Fatal(err)
 	}
-	st := pcCall(t, d, &stack.Request{Op: stack.OpStatus, Name: "pc"})
+	st := pcCall(t, d, &control.Request{Op: control.OpStatus, Name: "pc"})
 	if !strings.Contains(st, " fua 2 ") || !strings.Contains(st, "cached 1 8 ") {
 		t.Errorf("status %q: want 2 FUA writes and one cached write", st)
 	}
@@ -188,8 +188,8 @@ func (e *pcEnv) table(drop bool) string {
 
 // swap makes table live on the device.
 func (e *pcEnv) swap(t *testing.T, drop bool) {
-	pcCall(t, e.d, &stack.Request{Op: stack.OpLoad, Name: "dev", Table: e.table(drop), Dir: "/"})
-	pcCall(t, e.d, &stack.Request{Op: stack.OpResume, Name: "dev"})
+	pcCall(t, e.d, &control.Request{Op: control.OpLoad, Name: "dev", Table: e.table(drop), Dir: "/"})
+	pcCall(t, e.d, &control.Request{Op: control.OpResume, Name: "dev"})
 }
 
 func (e *pcEnv) mount(t *testing.T) {
@@ -310,7 +310,7 @@ func (e *pcEnv) round(t *testing.T, mode string, seed uint64) pcResult {
 		res.problems = append(res.problems, p)
 	}
 	if len(res.problems) > 0 {
-		res.problems = append(res.problems, "status: "+strings.TrimSpace(pcCall(t, e.d, &stack.Request{Op: stack.OpStatus, Name: "dev"})),
+		res.problems = append(res.problems, "status: "+strings.TrimSpace(pcCall(t, e.d, &control.Request{Op: control.OpStatus, Name: "dev"})),
 			"kernel log of "+filepath.Base(e.loop)+":\n"+kernelLog(filepath.Base(e.loop), 40))
 	}
 	return res
