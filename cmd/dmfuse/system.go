@@ -18,8 +18,8 @@ import (
 
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/delay"
-	"github.com/dmfuse/dmfuse/export"
 	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/fs/export"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 )
