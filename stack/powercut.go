@@ -291,9 +291,12 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 			if n == 0 {
 				return nil, Errorf("Feature cache_sectors requires a parameter")
 			}
-			v, err := a.Uint(0, 1<<32-1, "Invalid cache_sectors: want 0 to 4294967295 sectors")
+			// powercut has no kernel twin: its count takes kstrtouint's
+			// rules (a leading '+', no wrap), as dust's block size does.
+			arg, _ := a.Next()
+			v, err := ParseUint32(arg)
 			if err != nil {
-				return nil, err
+				return nil, Errorf("Invalid cache_sectors: want 0 to 4294967295 sectors")
 			}
 			p.limit, p.hasLimit = int64(v), true
 			n--
