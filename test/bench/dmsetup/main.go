@@ -3,7 +3,7 @@
 // daemon's mount, and how long the first `dmsetup create` takes when no
 // daemon runs.
 //
-//	go run ./test/bench/dmsetup [-rounds N] [-runtime D] [-size MIB] [-starts N]
+//	go run ./test/bench/dmsetup [-rounds N] [-runtime D] [-size MIB] [-starts N] [-transport T]
 //
 // It needs root, /dev/fuse, loop devices and fio; it installs nothing. It
 // builds dmfuse, links it as dmsetup in a private folder, and uses a
@@ -65,8 +65,9 @@ func main() {
 	runtime := flag.Duration("runtime", 5*time.Second, "fio runtime of each run")
 	size := flag.Int("size", 256, "device size in MiB")
 	starts := flag.Int("starts", 10, "timed starts of the daemon")
+	transport := flag.String("transport", "dev", "the daemon's FUSE transport (DMFUSE_TRANSPORT: auto, uring or dev)")
 	flag.Parse()
-	if err := run(*rounds, *runtime, *size, *starts); err != nil {
+	if err := run(*rounds, *runtime, *size, *starts, *transport); err != nil {
 		fmt.Fprintln(os.Stderr, "dmsetup bench:", err)
 		os.Exit(1)
 	}
@@ -115,7 +116,7 @@ func alignedBuf(n int) []byte {
 	return b[off : off+n]
 }
 
-func run(rounds int, rt time.Duration, sizeMiB, starts int) (err error) {
+func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if _, err := os.Stat("/dev/mapper/bench"); err == nil {
@@ -133,7 +134,7 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int) (err error) {
 	if err := os.Symlink(b.bin, b.dmsetup); err != nil {
 		return err
 	}
-	b.env = append(os.Environ(), "DMFUSE_RUN_DIR="+b.run)
+	b.env = append(os.Environ(), "DMFUSE_RUN_DIR="+b.run, "DMFUSE_TRANSPORT="+transport)
 	tmpfs := filepath.Join(work, "tmpfs")
 	os.Mkdir(tmpfs, 0o755)
 	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, fmt.Sprintf("size=%dm", sizeMiB+16)); err != nil {
@@ -192,8 +193,12 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int) (err error) {
 			ratios[j.name] = append(ratios[j.name], got[targets[1]]/got[targets[0]])
 		}
 	}
-	fmt.Printf("kernel %s, fio %s, %d CPUs; %d MiB linear device over a tmpfs file; fio 4 KiB O_DIRECT, %d rounds x %v\n\n",
-		benchkit.Kernel(), benchkit.FioVersion(), numCPU(), sizeMiB, rounds, rt)
+	var load string
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	fmt.Printf("kernel %s, fio %s, %d CPUs, load average %s at the end; transport %s; %d MiB linear device over a tmpfs file; fio 4 KiB O_DIRECT, %d rounds x %v\n\n",
+		benchkit.Kernel(), benchkit.FioVersion(), numCPU(), load, transport, sizeMiB, rounds, rt)
 	fmt.Println("| job | file MOUNT/bench IOPS | /dev/mapper/bench IOPS | ratio block/file (rounds' range) |")
 	fmt.Println("|---|---:|---:|---:|")
 	for _, j := range jobs {
