@@ -12,7 +12,10 @@
 // when the client closes its end or goes quiet for RequestTimeout (no final
 // newline) is dropped without effect; a request that is malformed, too large
 // or invalid gets an error response and changes nothing. Once a complete
-// request has been read, it runs to its end even if the client goes away.
+// request has been read, it runs to its end even if the client goes away,
+// except wait, which blocks until a device event and ends (EINTR) when the
+// client hangs up or the server closes. The output of report is a JSON array
+// of DeviceReport, for clients that format column reports themselves.
 //
 //	{"op":"create","name":"d1","table":"0 2048 linear ./a.img 0","dir":"/home/me"}
 //	{"op":"message","name":"d1","sector":0,"args":["addbadblock","60"]}

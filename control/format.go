@@ -32,8 +32,9 @@ func formatTable(d *stack.Device, st stack.StatusType, inactive bool, prefix str
 
 // formatInfo prints a device's info block as `dmsetup info` does: labels
 // padded so that values start in column 20, the UUID line only when a uuid is
-// set, and an empty line at the end.
-func formatInfo(in stack.Info) string {
+// set, and an empty line at the end. major and minor are the number the
+// device reports.
+func formatInfo(in stack.Info, major, minor uint32) string {
 	var b strings.Builder
 	line := func(label, format string, a ...any) {
 		fmt.Fprintf(&b, "%-19s%s\n", label, fmt.Sprintf(format, a...))
@@ -44,6 +45,9 @@ func formatInfo(in stack.Info) string {
 	}
 	if in.ReadOnly {
 		state += " (READ-ONLY)"
+	}
+	if in.DeferredRemove {
+		state += " (DEFERRED REMOVE)"
 	}
 	tables := "None"
 	switch {
@@ -60,7 +64,7 @@ func formatInfo(in stack.Info) string {
 	line("Tables present:", "%s", tables)
 	line("Open count:", "%d", in.OpenCount)
 	line("Event number:", "%d", in.EventNr)
-	line("Major, minor:", "%d, %d", stack.Major, in.Minor)
+	line("Major, minor:", "%d, %d", major, minor)
 	line("Number of targets:", "%d", in.Targets)
 	if in.UUID != "" {
 		fmt.Fprintf(&b, "UUID: %s\n", in.UUID)
@@ -71,13 +75,14 @@ func formatInfo(in stack.Info) string {
 
 // formatList prints devices as `dmsetup ls` does: `<name>\t(<major>:<minor>)`
 // per device, or "No devices found".
-func formatList(devs []*stack.Device) string {
+func formatList(m *stack.Manager, devs []*stack.Device) string {
 	if len(devs) == 0 {
 		return "No devices found\n"
 	}
 	var b strings.Builder
 	for _, d := range devs {
-		fmt.Fprintf(&b, "%s\t(%d:%d)\n", d.Name(), stack.Major, d.Minor())
+		maj, min := m.DevNo(d)
+		fmt.Fprintf(&b, "%s\t(%d:%d)\n", d.Name(), maj, min)
 	}
 	return b.String()
 }

@@ -32,12 +32,22 @@ const (
 	OpInfo    = "info"
 	OpList    = "ls"
 	OpTargets = "targets"
+	// OpWait blocks until the device's event counter differs from EventNr.
+	OpWait = "wait"
+	// OpDeps lists the devices a table uses, as dmsetup deps prints them.
+	OpDeps = "deps"
+	// OpReport answers the state of devices as data: its output is a JSON
+	// array of DeviceReport (ParseReport), for column reports and trees.
+	OpReport = "report"
+	// OpRemoveAll removes every device that is not in use.
+	OpRemoveAll = "remove_all"
 )
 
 // Request is one control command, as the client sends it.
 type Request struct {
 	// Op is the command: create, load, clear, suspend, resume, remove,
-	// rename, message, table, status, info, ls or targets.
+	// remove_all, rename, message, table, status, info, ls, targets, wait,
+	// deps or report.
 	Op string `json:"op"`
 	// Name is the device the command acts on; table, status and info accept
 	// none (every device).
@@ -55,12 +65,32 @@ type Request struct {
 	NoTable bool `json:"notable,omitempty"`
 	// ReadOnly creates a read-only device.
 	ReadOnly bool `json:"readonly,omitempty"`
-	// NoFlush is suspend --noflush.
+	// Minor is the minor create asks for (default: the lowest free one).
+	Minor *uint32 `json:"minor,omitempty"`
+	// NoFlush is suspend (or resume) --noflush.
 	NoFlush bool `json:"noflush,omitempty"`
+	// NoLockFS is suspend (or resume) --nolockfs: do not freeze the file
+	// system on the device's block device.
+	NoLockFS bool `json:"nolockfs,omitempty"`
 	// Force is remove --force.
 	Force bool `json:"force,omitempty"`
-	// Inactive makes table, status and info use the inactive table.
+	// Deferred is remove (or remove_all) --deferred: a device in use is
+	// removed once its last user is gone.
+	Deferred bool `json:"deferred,omitempty"`
+	// Inactive makes table, status, info, deps and report use the
+	// inactive table.
 	Inactive bool `json:"inactive,omitempty"`
+	// Concise is table --concise: every device on one line, in the
+	// create --concise format.
+	Concise bool `json:"concise,omitempty"`
+	// Target makes table and status print only the lines of that target
+	// type.
+	Target string `json:"target,omitempty"`
+	// EventNr is the event number wait waits to change from.
+	EventNr uint32 `json:"event_nr,omitempty"`
+	// Format is how deps names devices: devno (the default), devname or
+	// blkdevname, as dmsetup deps -o.
+	Format string `json:"format,omitempty"`
 	// Sector selects the target a message goes to.
 	Sector uint64 `json:"sector,omitempty"`
 	// Args are the words of a message.
@@ -133,19 +163,24 @@ func DecodeRequest(line []byte) (*Request, error) {
 // opFields lists, per operation, which optional fields it accepts and whether
 // it needs a device name ("name": required, "name?": optional).
 var opFields = map[string]string{
-	OpCreate:  "name uuid table dir notable readonly",
+	OpCreate:  "name uuid table dir notable readonly minor",
 	OpLoad:    "name table dir",
 	OpClear:   "name",
-	OpSuspend: "name noflush",
-	OpResume:  "name",
-	OpRemove:  "name force",
+	OpSuspend: "name noflush nolockfs",
+	OpResume:  "name noflush nolockfs",
+	OpRemove:  "name force deferred",
 	OpRename:  "name new_name uuid",
 	OpMessage: "name sector args",
-	OpTable:   "name? inactive",
-	OpStatus:  "name? inactive",
+	OpTable:   "name? inactive concise target",
+	OpStatus:  "name? inactive target",
 	OpInfo:    "name? inactive",
 	OpList:    "",
 	OpTargets: "",
+
+	OpWait:      "name event_nr",
+	OpDeps:      "name? inactive format",
+	OpReport:    "name? inactive",
+	OpRemoveAll: "deferred",
 }
 
 // Validate checks a request's form, everything that can be judged without
@@ -169,8 +204,11 @@ func (r *Request) Validate() error {
 		"name": r.Name != "", "new_name": r.NewName != "", "uuid": r.UUID != "", "table": r.Table != "",
 		"dir": r.Dir != "", "notable": r.NoTable, "readonly": r.ReadOnly, "noflush": r.NoFlush, "force": r.Force,
 		"inactive": r.Inactive, "sector": r.Sector != 0, "args": len(r.Args) > 0,
+		"nolockfs": r.NoLockFS, "deferred": r.Deferred, "concise": r.Concise, "target": r.Target != "",
+		"event_nr": r.EventNr != 0, "format": r.Format != "", "minor": r.Minor != nil,
 	}
-	for _, f := range []string{"name", "new_name", "uuid", "table", "dir", "notable", "readonly", "noflush", "force", "inactive", "sector", "args"} {
+	for _, f := range []string{"name", "new_name", "uuid", "table", "dir", "notable", "readonly", "noflush", "force", "inactive", "sector", "args",
+		"nolockfs", "deferred", "concise", "target", "event_nr", "format", "minor"} {
 		if set[f] && !allowed[f] {
 			return fmt.Errorf("%s: field %q does not apply", r.Op, f)
 		}
@@ -184,7 +222,7 @@ func (r *Request) Validate() error {
 			return err
 		}
 	}
-	texts := append([]string{r.Name, r.NewName, r.UUID, r.Table, r.Dir}, r.Args...)
+	texts := append([]string{r.Name, r.NewName, r.UUID, r.Table, r.Dir, r.Target}, r.Args...)
 	for _, s := range texts {
 		if !utf8.ValidString(s) {
 			return fmt.Errorf("%s: text is not valid UTF-8", r.Op)
@@ -201,9 +239,18 @@ func (r *Request) Validate() error {
 		if err := stack.ValidUUID(r.UUID); err != nil {
 			return fmt.Errorf("%s: %v", r.Name, err)
 		}
+		if r.Minor != nil && *r.Minor >= 1<<20 {
+			return fmt.Errorf("%s: minor %d out of range", r.Name, *r.Minor)
+		}
 	case OpLoad:
 		if strings.TrimSpace(r.Table) == "" {
 			return fmt.Errorf("%s: no table given", r.Name)
+		}
+	case OpDeps:
+		switch r.Format {
+		case "", "devno", "devname", "blkdevname":
+		default:
+			return fmt.Errorf("deps: unknown format %q: want devno, devname or blkdevname", r.Format)
 		}
 	case OpRename:
 		switch {

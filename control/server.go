@@ -40,6 +40,10 @@ type Server struct {
 	mgr    *stack.Manager
 	ctx    context.Context
 	cancel context.CancelFunc
+	// waits ends the requests that wait for device events (wait); Close
+	// ends it first, since such requests may never end by themselves.
+	waits     context.Context
+	stopWaits context.CancelFunc
 	// uid is the user, besides root, whose clients may send commands: the
 	// daemon's effective uid.
 	uid uint32
@@ -59,7 +63,8 @@ type Server struct {
 // which should live as long as the daemon; Close cancels what is left of it.
 func NewServer(ctx context.Context, m *stack.Manager) *Server {
 	ctx, cancel := context.WithCancel(ctx)
-	return &Server{mgr: m, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{},
+	waits, stopWaits := context.WithCancel(ctx)
+	return &Server{mgr: m, ctx: ctx, cancel: cancel, waits: waits, stopWaits: stopWaits, conns: map[net.Conn]struct{}{},
 		uid: uint32(os.Geteuid()), tokens: Rate, last: time.Now()}
 }
 
@@ -194,6 +199,7 @@ func (s *Server) Close() error {
 		c.SetReadDeadline(time.Now())
 	}
 	s.mu.Unlock()
+	s.stopWaits()
 	s.wg.Wait()
 	s.cancel()
 	return err
@@ -217,7 +223,13 @@ func (s *Server) serveConn(c net.Conn) {
 		writeResponse(c, &Response{Error: err.Error(), Errno: "EINVAL"})
 		return
 	}
-	resp := s.Handle(s.ctx, req)
+	ctx := s.ctx
+	if req.Op == OpWait {
+		var cancel context.CancelFunc
+		ctx, cancel = s.waitContext(c)
+		defer cancel()
+	}
+	resp := s.Handle(ctx, req)
 	c.SetWriteDeadline(time.Now().Add(RequestTimeout))
 	writeResponse(c, resp)
 }
@@ -260,9 +272,16 @@ func errnoName(err error) string {
 // it prints.
 func (s *Server) run(ctx context.Context, r *Request) (string, error) {
 	m := s.mgr
+	if out, handled, err := s.runExtra(ctx, r); handled {
+		return out, err
+	}
 	switch r.Op {
 	case OpCreate:
-		_, err := m.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: -1, ReadOnly: r.ReadOnly,
+		minor := -1
+		if r.Minor != nil {
+			minor = int(*r.Minor)
+		}
+		_, err := m.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: minor, ReadOnly: r.ReadOnly,
 			Table: r.Table, NoTable: r.NoTable, Dir: r.Dir})
 		return "", err
 	case OpLoad:
@@ -298,9 +317,14 @@ func (s *Server) run(ctx context.Context, r *Request) (string, error) {
 			return formatTable(d, st, r.Inactive, prefix)
 		})
 	case OpInfo:
-		return s.each(r.Name, func(d *stack.Device, _ string) string { return formatInfo(d.Info(r.Inactive)) })
+		return s.each(r.Name, func(d *stack.Device, _ string) string {
+			in := d.Info(r.Inactive)
+			in.OpenCount = m.OpenCount(d)
+			maj, min := m.DevNo(d)
+			return formatInfo(in, maj, min)
+		})
 	case OpList:
-		return formatList(m.Devices()), nil
+		return formatList(m, m.Devices()), nil
 	case OpTargets:
 		var b strings.Builder
 		for _, t := range m.Registry().Types() {

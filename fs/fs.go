@@ -14,6 +14,28 @@
 // FOPEN_PARALLEL_DIRECT_WRITES (without it the kernel serialises direct
 // writes per inode); the mount negotiates CAP_ASYNC_DIO so that libaio,
 // io_uring and loop devices keep their queue depth.
+//
+// # Memory
+//
+// A request holds one buffer as large as the largest request the kernel may
+// send, from the moment it is read until it is answered: the kernel wants
+// room for the largest WRITE in every read(2) of /dev/fuse, so go-fuse reads
+// each request into a MaxWrite-sized buffer, and a READ's reply is as large
+// as the read. The memory held for requests is therefore the number in
+// flight times MaxWrite, and Mount bounds both from Options.MemoryLimit
+// (PlanMemory; `dmfuse mount --memory-limit`, else GOMEMLIMIT, else 64 MiB):
+// half of the limit goes to request buffers; MaxWrite is 256 KiB, smaller
+// (down to 64 KiB) if fewer than 64 such requests fit, larger (up to 1 MiB)
+// if more than 256 do; MaxBackground (the kernel's cap on asynchronous
+// requests) is as many as fit, at most 256; go-fuse's
+// MaxInflightRequestBytes holds synchronous writers to the same bound.
+// Requests beyond it wait in the kernel: I/O slows, it does not fail. The
+// 64 MiB default gives 256 KiB requests, 117 in flight (on 2 CPUs) and at
+// most 32 MiB of request buffers; larger I/O is split into 256 KiB
+// requests. The io_uring transport's registered entries (one queue per CPU,
+// URingDepth entries of MaxWrite bytes) are sized from the same half (see
+// MemoryPlan). Once the devices have been idle for Options.ReleaseAfter, the
+// server returns the buffers go-fuse pooled to the operating system.
 package fs
 
 import (
@@ -37,8 +59,19 @@ type Options struct {
 	// Debug logs every FUSE request.
 	Debug bool
 	// MaxBackground caps the kernel's in-flight asynchronous requests; it
-	// bounds the queue depth a device can be driven at (default 256).
+	// bounds the queue depth a device can be driven at (0: what
+	// PlanMemory makes of MemoryLimit, 256 when memory allows).
 	MaxBackground int
+	// MemoryLimit is the memory the daemon is meant to stay under, in
+	// bytes: half of it bounds the request buffers (see PlanMemory and
+	// MemoryPlan). 0 means DefaultMemoryLimit, a negative value no
+	// limit (1 MiB requests, 256 in flight). Mount does not set the Go
+	// runtime's own limit; the caller does (debug.SetMemoryLimit).
+	MemoryLimit int64
+	// ReleaseAfter is how long the devices must have been idle before the
+	// server returns its request buffers to the operating system (0:
+	// never; the Go runtime then keeps them for minutes).
+	ReleaseAfter time.Duration
 
 	// Transport is how requests reach the daemon: TransportAuto (the
 	// default, also for ""), TransportURing or TransportDev. See
@@ -78,18 +111,19 @@ const DeviceOpenFlags = fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES
 
 // MountOptions returns the go-fuse mount options Mount uses for o. They are
 // exported so that a benchmark baseline can mount with exactly the same ones.
+// MaxWrite, MaxBackground and MaxInflightRequestBytes come from
+// PlanMemory(o).
 func MountOptions(o Options) fuse.MountOptions {
-	if o.MaxBackground <= 0 {
-		o.MaxBackground = 256
-	}
+	p := PlanMemory(o)
 	mo := fuse.MountOptions{
-		AllowOther:    o.AllowOther,
-		FsName:        "dmfuse",
-		Name:          "dmfuse",
-		Debug:         o.Debug,
-		MaxBackground: o.MaxBackground,
-		MaxWrite:      1 << 20,
-		DisableXAttrs: true,
+		AllowOther:              o.AllowOther,
+		FsName:                  "dmfuse",
+		Name:                    "dmfuse",
+		Debug:                   o.Debug,
+		MaxBackground:           p.MaxBackground,
+		MaxWrite:                p.MaxWrite,
+		MaxInflightRequestBytes: p.InflightBytes,
+		DisableXAttrs:           true,
 		// Device reads are answered from memory, never from a file
 		// descriptor: splicing buys nothing, and a 1 MiB read does not
 		// fit a default-sized pipe.
@@ -116,7 +150,23 @@ func Mount(dir string, m *stack.Manager, o Options) (*Server, error) {
 	}
 	m.OnRemove = r.forget
 	m.OnChange = r.changed
-	return mountTransport(dir, r, opts, o)
+	plan := PlanMemory(o)
+	if o.URingDepth <= 0 {
+		o.URingDepth = plan.URingDepth
+	}
+	s, err := mountTransport(dir, r, opts, o)
+	if err != nil {
+		return nil, err
+	}
+	s.plan = plan
+	if o.ReleaseAfter > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		rel := newReleaser(m, o.ReleaseAfter, &s.releases)
+		t := time.NewTicker(rel.tick())
+		go rel.run(ctx, t.C)
+		go func() { s.Wait(); cancel(); t.Stop() }()
+	}
+	return s, nil
 }
 
 // root is the mount's top folder.

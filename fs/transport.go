@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -37,6 +38,9 @@ type Server struct {
 	byFD      bool // mounted by dmfuse through /dev/fd/N: go-fuse cannot unmount it
 	ring      *uring.Server
 	transport string
+
+	plan     MemoryPlan
+	releases atomic.Uint64
 
 	mu        sync.Mutex
 	unmounted bool

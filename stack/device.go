@@ -52,7 +52,12 @@ type Device struct {
 		inactive  *Table
 		suspended bool
 		removed   bool
+		// deferred is a pending deferred removal (remove --deferred of a
+		// device in use): the device goes once its last user is gone.
+		deferred bool
 	}
+	// ev wakes WaitEvent's callers when the event counter moves.
+	ev eventWaiters
 	// onChange is called after the live table or the name changed (fs
 	// invalidates its caches); set by the manager.
 	onChange func(*Device)
@@ -156,8 +161,12 @@ func (d *Device) AddOpen(n int32) { d.opens.Add(n) }
 // EventNr is the device's event counter.
 func (d *Device) EventNr() uint32 { return d.events.Load() }
 
-// RaiseEvent increments the event counter (a target's table event).
-func (d *Device) RaiseEvent() { d.events.Add(1) }
+// RaiseEvent increments the event counter (a target's table event) and
+// wakes WaitEvent's callers.
+func (d *Device) RaiseEvent() {
+	d.events.Add(1)
+	d.ev.wake()
+}
 
 // Suspended reports whether the device is suspended.
 func (d *Device) Suspended() bool {

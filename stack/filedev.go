@@ -21,6 +21,7 @@ type fileDev struct {
 	name   string // as table prints it: absolute path or MAJOR:MINOR
 	size   int64
 	block  bool
+	rdev   uint64 // a block device's number
 	limits Limits
 }
 
@@ -61,6 +62,7 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 		}
 		d.size, d.block = int64(sz), true
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			d.rdev = sys.Rdev
 			d.limits = blockLimits(unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)))
 		}
 	default:

@@ -139,6 +139,8 @@ type Info struct {
 	Minor      uint32
 	Suspended  bool
 	ReadOnly   bool
+	// DeferredRemove is a pending deferred removal.
+	DeferredRemove bool
 	// Live and Inactive report which table slots are filled.
 	Live, Inactive bool
 	// Targets counts the lines of the live table (with inactive: of the
@@ -157,7 +159,7 @@ func (d *Device) Info(inactive bool) Info {
 	d.WithTables(func(live, inact *Table) {
 		d.mu.Lock()
 		in = Info{Name: d.mu.name, UUID: d.mu.uuid, Minor: d.minor, Suspended: d.mu.suspended, ReadOnly: d.mu.readOnly,
-			Live: live != nil, Inactive: inact != nil, OpenCount: d.OpenCount(), EventNr: d.EventNr()}
+			Live: live != nil, Inactive: inact != nil, OpenCount: d.OpenCount(), EventNr: d.EventNr(), DeferredRemove: d.mu.deferred}
 		d.mu.Unlock()
 		t := live
 		if inactive {

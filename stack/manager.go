@@ -50,6 +50,10 @@ type Manager struct {
 	byName  map[string]*Device
 	byMinor map[uint32]*Device
 	nextIno uint64
+	// exporter, if set, exports devices as block devices (export.go).
+	exporter Exporter
+	// reaping is set while a goroutine removes deferred devices (deferred.go).
+	reaping bool
 
 	// Hooks the fs layer sets before devices are created: OnRemove after a
 	// device is removed, OnChange after its live table or its name changed.
@@ -255,6 +259,11 @@ func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevi
 			}
 			return m.useMapped(self, d)
 		}
+		if e := m.getExporter(); e != nil {
+			if d := e.Lookup(uint32(maj), uint32(min)); d != nil {
+				return m.useExported(self, d, arg)
+			}
+		}
 		bd, err := OpenFile(fmt.Sprintf("/dev/block/%d:%d", maj, min), arg, ro)
 		if err != nil {
 			return nil, Errorf("Device lookup failed: %s: %v", arg, unwrapPath(err))
@@ -277,6 +286,9 @@ func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevi
 	p, err := filepath.Abs(p)
 	if err != nil {
 		return nil, Errorf("Device lookup failed: %s: %v", arg, err)
+	}
+	if d := m.exportedAt(p); d != nil {
+		return m.useExported(self, d, arg)
 	}
 	bd, err := OpenFile(p, p, ro)
 	if err != nil {
@@ -480,9 +492,18 @@ func (m *Manager) ForceRemove(name string) error {
 }
 
 func (m *Manager) remove(name string, force bool) error {
+	return m.removeWith(name, RemoveOptions{Force: force})
+}
+
+func (m *Manager) removeWith(name string, o RemoveOptions) error {
+	force := o.Force
 	d, err := m.acquire(name)
 	if err != nil {
 		return err
+	}
+	if o.OnlyDeferred && !d.DeferredRemove() {
+		d.ctl.Unlock()
+		return nil
 	}
 	swapped := false
 	if force {
@@ -502,21 +523,40 @@ func (m *Manager) remove(name string, force bool) error {
 			}
 		}
 	}
+	// The users of an exported block device are counted before m.mu is
+	// taken: counting them reads /proc.
+	users := m.openers(d) - d.opens.Load()
 	m.mu.Lock()
 	busy := ""
 	switch {
 	case d.holders.Load() > 0:
 		busy = "device is in use by another table"
-	case d.opens.Load() > 0:
+	case d.opens.Load()+users > 0:
 		busy = "device is open"
 	default:
 		m.unlinkLocked(d)
 	}
 	m.mu.Unlock()
+	if busy != "" && o.Deferred {
+		// As drivers/md/dm-ioctl.c: dev_remove with DM_DEFERRED_REMOVE:
+		// flag the device, succeed, and remove it once it is unused.
+		d.mu.Lock()
+		d.mu.deferred = true
+		d.mu.Unlock()
+		d.ctl.Unlock()
+		if swapped {
+			m.changed(d)
+		}
+		m.startReaper()
+		return nil
+	}
 	if busy != "" {
 		d.ctl.Unlock()
 		if swapped {
 			m.changed(d)
+		}
+		if o.OnlyDeferred {
+			return nil
 		}
 		return &DeviceError{Name: name, Err: &ArgError{Reason: busy, Errno: syscall.EBUSY}}
 	}
@@ -602,6 +642,12 @@ func (m *Manager) Message(ctx context.Context, name string, sector uint64, args 
 	fail := func(err error) (string, error) { return "", &DeviceError{Name: name, Err: err} }
 	if len(args) == 0 {
 		return fail(Errorf("Empty message received"))
+	}
+	if strings.EqualFold(args[0], "@cancel_deferred_remove") {
+		if err := m.cancelDeferred(d, len(args)); err != nil {
+			return fail(err)
+		}
+		return "", nil
 	}
 	if len(args[0]) > 0 && args[0][0] == '@' {
 		if m.CoreMessage == nil {

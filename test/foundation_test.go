@@ -382,6 +382,29 @@ func TestSignalsAndStaleMount(t *testing.T) {
 	}
 }
 
+// TestRestartRightAfterKill starts the next daemon on the folder as soon as
+// the last one, killed with SIGKILL, has exited, with nothing probing the
+// dead mount in between, ten times over: each clears the dead mount, also
+// while the kernel is still tearing down the dead daemon's connection (on
+// the io_uring transport that ends after the process is gone, and a request
+// meanwhile is cancelled or aborted rather than refused).
+func TestRestartRightAfterKill(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 10 {
+		d := startDaemon(t, dir, "z,,,rw,0 8 zero;")
+		if i > 0 && !strings.Contains(d.stderr.String(), "cleared a stale mount") {
+			t.Errorf("restart %d: no message about the stale mount: %s", i, d.stderr)
+		}
+		d.cmd.Process.Kill()
+		err := <-d.done
+		d.done <- err
+	}
+	d := startDaemon(t, dir, "z,,,rw,0 8 zero;")
+	if _, err := os.Stat(d.path("z")); err != nil {
+		t.Errorf("after the last restart: %v", err)
+	}
+}
+
 func TestBusyUnmount(t *testing.T) {
 	requireTool(t, "losetup")
 	dir := t.TempDir()

@@ -8,7 +8,6 @@ package test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -81,13 +79,18 @@ type daemon struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	mnt    string
-	stderr *lockedBuffer
+	stderr daemonLog
 	done   chan error
 }
 
+// servingLine starts the line the daemon logs once it has mounted and
+// serves.
+const servingLine = "dmfuse: serving "
+
 // startDaemon mounts dmfuse on a new folder with the given concise config
 // (written to a file in dir; "" means the embedded default set) and waits
-// until the mount answers. Cleanup stops it and unmounts whatever is left.
+// until the daemon says it serves and the mount answers. Cleanup stops it
+// and unmounts whatever is left.
 func startDaemon(t *testing.T, dir, config string, extra ...string) *daemon {
 	t.Helper()
 	requireFUSE(t)
@@ -103,9 +106,17 @@ func startDaemon(t *testing.T, dir, config string, extra ...string) *daemon {
 	args = append(args, transportArgs(extra)...)
 	args = append(args, extra...)
 	args = append(args, mnt)
-	d := &daemon{t: t, mnt: mnt, stderr: &lockedBuffer{}, done: make(chan error, 1)}
+	// Standard error goes straight to a file: what the daemon logged
+	// before it served is there once it serves, with no copying goroutine
+	// to fall behind.
+	logf, err := os.CreateTemp(t.TempDir(), "dmfuse-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	d := &daemon{t: t, mnt: mnt, stderr: daemonLog(logf.Name()), done: make(chan error, 1)}
 	d.cmd = exec.Command(dmfuseBin, args...)
-	d.cmd.Stderr = d.stderr
+	d.cmd.Stderr = logf
 	d.cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+filepath.Join(dir, "state"))
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -114,10 +125,19 @@ func startDaemon(t *testing.T, dir, config string, extra ...string) *daemon {
 	t.Cleanup(d.cleanup)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		// Reading (not only stat, which the kernel may answer from its
-		// cache of a dead mount) proves that this daemon serves the mount.
-		if _, err := os.ReadFile(filepath.Join(mnt, "stats", "diskstats")); err == nil {
-			return d
+		// The mount answers before the daemon is done starting: go-fuse
+		// then opens a file on the new mount from the daemon itself
+		// (fuse.Server.WaitMount, its poll hack), and a SIGKILL while that
+		// file is open leaves the daemon unkillable, its exit waiting for
+		// a FLUSH that only it could answer (fs/fuse/file.c: fuse_flush
+		// forces the request, so request_wait_answer waits without
+		// interruption). So a daemon is ready once it says it serves;
+		// reading a file (not only stat, which the kernel may answer from
+		// its cache of a dead mount) then proves that it serves the mount.
+		if strings.Contains(d.stderr.String(), servingLine) {
+			if _, err := os.ReadFile(filepath.Join(mnt, "stats", "diskstats")); err == nil {
+				return d
+			}
 		}
 		select {
 		case err := <-d.done:
@@ -137,10 +157,16 @@ func (d *daemon) path(name ...string) string {
 	return filepath.Join(append([]string{d.mnt}, name...)...)
 }
 
-// stop sends sig and waits for the daemon to exit.
+// stop sends sig and waits for the daemon to exit (nil if it had exited
+// already).
 func (d *daemon) stop(sig os.Signal) error {
-	if d.cmd.ProcessState != nil {
+	// Whether it has exited is asked of d.done: cmd.ProcessState is written
+	// by the goroutine that waits for the process.
+	select {
+	case err := <-d.done:
+		d.done <- err
 		return nil
+	default:
 	}
 	d.cmd.Process.Signal(sig)
 	select {
@@ -238,22 +264,14 @@ func transportArgs(extra []string) []string {
 	return []string{"--transport", t}
 }
 
-// lockedBuffer collects a daemon's stderr; the test reads it while the
-// process is still writing.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// daemonLog is the file a daemon's standard error is written to.
+type daemonLog string
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// String returns what was written so far.
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+// String returns what the daemon logged so far.
+func (l daemonLog) String() string {
+	b, err := os.ReadFile(string(l))
+	if err != nil {
+		return fmt.Sprintf("(reading the daemon's log: %v)", err)
+	}
+	return string(b)
 }

@@ -201,8 +201,7 @@ func TestControlSocketBounds(t *testing.T) {
 	}
 
 	// Connection bound: with control.MaxConns silent clients, the next one
-	// is refused at once; control.Call waits until a slot frees. (The daemon
-	// may still hold the closed connections above for a moment.)
+	// is refused at once; control.Call waits until a slot frees.
 	for _, c := range stalled {
 		c.Close()
 	}
@@ -214,16 +213,24 @@ func TestControlSocketBounds(t *testing.T) {
 		}
 		stalled = append(stalled, c)
 	}
-	// The daemon registers connections as it accepts them: the refusal
-	// comes once all are in.
+	// The daemon registers connections as it accepts them, and drops the
+	// closed ones above when it reads their end: until then some of the new
+	// ones are refused (and closed) instead. So each probe that is still
+	// served adds a silent client, until the daemon holds MaxConns of them
+	// and refuses the probe.
 	var r control.Response
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if r = rawCall(t, sock, []byte("{\"op\":\"ls\"}\n")); r.Errno == "EAGAIN" || time.Now().After(deadline) {
+	for {
+		if r = rawCall(t, sock, []byte("{\"op\":\"ls\"}\n")); r.Errno != "" || len(stalled) >= 4*control.MaxConns {
 			break
 		}
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stalled = append(stalled, c)
 	}
 	if r.Errno != "EAGAIN" || !strings.Contains(r.Error, "too many connections") {
-		t.Errorf("connection %d: %+v, want a refusal", control.MaxConns+1, r)
+		t.Errorf("a connection beside %d silent clients: %+v, want a refusal", len(stalled), r)
 	}
 	done := make(chan struct{})
 	go func() {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -47,13 +46,13 @@ func diskstatsOf(t *testing.T, d *daemon, name string) []uint64 {
 func TestStackedCounters(t *testing.T) {
 	dir := t.TempDir()
 	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// Port 0: the daemon binds a free port, before it says it serves, and
+	// logs the address.
+	d := startDaemon(t, dir, "base,,,rw,0 16384 linear ./a.img 0;\ntop,,,rw,0 8192 linear base 4096;", "--metrics-addr", "127.0.0.1:0")
+	m := regexp.MustCompile(`dmfuse: metrics on (http://\S+/metrics)\n`).FindStringSubmatch(d.stderr.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log: %s", d.stderr)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	d := startDaemon(t, dir, "base,,,rw,0 16384 linear ./a.img 0;\ntop,,,rw,0 8192 linear base 4096;", "--metrics-addr", addr)
 	f, err := os.OpenFile(d.path("top"), os.O_RDWR|syscall.O_DIRECT, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +75,7 @@ func TestStackedCounters(t *testing.T) {
 			t.Errorf("%s: reads %d sectors %d writes %d sectors %d in flight %d; want 10 80 3 24 0", name, s[0], s[2], s[4], s[6], s[8])
 		}
 	}
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get(m[1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,11 +104,15 @@ func TestIostatOverBindMount(t *testing.T) {
 	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
 	d := startDaemon(t, dir, "reader,,,rw,0 16384 linear ./a.img 0;\nwriter,,,rw,0 16384 zero;")
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
+	var wg, started sync.WaitGroup
 	for _, dev := range []string{"reader", "writer"} {
 		wg.Add(1)
+		started.Add(1)
 		go func(dev string) {
 			defer wg.Done()
+			var once sync.Once
+			start := func() { once.Do(started.Done) }
+			defer start() // also when it fails
 			f, err := os.OpenFile(d.path(dev), os.O_RDWR|syscall.O_DIRECT, 0)
 			if err != nil {
 				t.Error(err)
@@ -128,9 +131,13 @@ func TestIostatOverBindMount(t *testing.T) {
 					t.Error(err)
 					return
 				}
+				start()
 			}
 		}(dev)
 	}
+	// iostat's first report covers the time since boot, its second the
+	// second after it: both workers have done I/O before it starts.
+	started.Wait()
 	script := fmt.Sprintf("mount --bind %s /proc/diskstats && iostat -d -x -p ALL 1 2", d.path("stats", "diskstats"))
 	out, err := exec.Command("unshare", "-m", "sh", "-c", script).CombinedOutput()
 	cancel()
@@ -183,21 +190,32 @@ func TestIostatOverBindMount(t *testing.T) {
 func TestDmfuseIostat(t *testing.T) {
 	dir := t.TempDir()
 	d := startDaemon(t, dir, "z,,,rw,0 16384 zero;")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	done := make(chan struct{})
+	started := make(chan struct{})
 	go func() {
 		defer close(done)
 		f, err := os.OpenFile(d.path("z"), os.O_RDONLY|syscall.O_DIRECT, 0)
 		if err != nil {
+			t.Error(err)
+			close(started)
 			return
 		}
 		defer f.Close()
 		buf := make([]byte, 4096)
-		for ctx.Err() == nil {
-			f.ReadAt(buf, 0)
+		for i := 0; ctx.Err() == nil; i++ {
+			_, err := f.ReadAt(buf, 0)
+			if i == 0 {
+				close(started)
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
 		}
 	}()
+	<-started // the reader is busy before iostat's first sample
 	out, err := exec.CommandContext(ctx, dmfuseBin, "iostat", "--mount", d.mnt, "-x", "1", "2").CombinedOutput()
 	cancel()
 	<-done

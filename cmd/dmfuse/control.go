@@ -14,12 +14,15 @@ import (
 // control socket and prints the answer as dmsetup would.
 
 // controlPath finds the daemon's control socket: --control, else the default
-// socket of --mount (or DMFUSE_MOUNT).
+// socket of --mount (or DMFUSE_MOUNT), else the system instance's if it runs.
 func (g *Globals) controlPath() (string, error) {
 	if g.Control != "" {
 		return g.Control, nil
 	}
 	if g.Mount == "" {
+		if sys := systemInstance(); sys.running() {
+			return sys.socket(), nil
+		}
 		return "", errors.New("no daemon given: use --mount MOUNTPOINT, set DMFUSE_MOUNT or use --control SOCKET")
 	}
 	return control.DefaultPath(g.Mount)

@@ -39,13 +39,24 @@ type CLI struct {
 	Targets TargetsCmd `cmd:"" help:"List target types and their versions."`
 
 	ReplayLog ReplayLogCmd `cmd:"" name:"replay-log" passthrough:"" help:"Replay a log of the log-writes target onto a device (xfstests' replay-log; also the binary's behaviour under that name)."`
+	Dmsetup   DmsetupCmd   `cmd:"" help:"Run dmsetup's command line against the system instance (also when dmfuse is invoked as dmsetup)."`
+	Install   InstallCmd   `cmd:"" help:"Link DIR/dmsetup to dmfuse, so that scripts running dmsetup drive dmfuse."`
+	Daemon    DaemonCmd    `cmd:"" help:"Serve the system instance (dmsetup starts it when a command needs it)."`
+	Stop      StopCmd      `cmd:"" help:"Stop the system instance once none of its devices is in use."`
 }
 
 func main() {
-	// Run as replay-log (a link named so), the binary is that program
-	// alone, with its own command line rules.
-	if filepath.Base(os.Args[0]) == "replay-log" {
+	// Run as replay-log or dmsetup (a link named so), the binary is that
+	// program alone, with its own command line rules, scanned before kong
+	// sees it.
+	switch filepath.Base(os.Args[0]) {
+	case "replay-log":
 		os.Exit(replayLog(os.Args, os.Stdout, os.Stderr))
+	case "dmsetup":
+		os.Exit(runDmsetup(os.Args[0], os.Args[1:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "dmsetup" {
+		os.Exit(runDmsetup("dmsetup", os.Args[2:]))
 	}
 	var cli CLI
 	ctx := kong.Parse(&cli,

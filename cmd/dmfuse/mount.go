@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
@@ -31,14 +32,16 @@ const defaultImageSize = 1 << 30
 // MountCmd is `dmfuse mount`.
 type MountCmd struct {
 	Config      string `help:"Devices to create at start, in the dmsetup create --concise format (default: the embedded default set)." type:"path" placeholder:"FILE"`
-	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics." placeholder:"HOST:PORT"`
+	MetricsAddr string `help:"Serve Prometheus metrics on http://HOST:PORT/metrics (port 0: a free port, which the log names): the devices' counters and the daemon's memory, goroutines and threads." placeholder:"HOST:PORT"`
+	MemoryLimit string `name:"memory-limit" help:"Memory the daemon stays under (Go's soft limit); half of it bounds the request buffers, and requests beyond wait in the kernel. Default: GOMEMLIMIT if set, else 64MiB; off for none." placeholder:"SIZE"`
+	Pprof       string `help:"Serve go tool pprof's profiles on http://HOST:PORT/debug/pprof/ (loopback addresses only)." placeholder:"HOST:PORT"`
 	AllowOther  bool   `help:"Let other users use the device files."`
 	Debug       bool   `help:"Log every FUSE request." hidden:""`
 
 	Transport   string        `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
 	EnableURing bool          `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
 	Poll        time.Duration `help:"Let each io_uring queue spin up to this long for the next request before sleeping (0: off)." default:"0"`
-	URingDepth  int           `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a 1 MiB buffer (0: default)." default:"0"`
+	URingDepth  int           `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 32)." default:"0"`
 
 	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
 }
@@ -46,7 +49,7 @@ type MountCmd struct {
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
 	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites)
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, stack.Powercut)
 	if err != nil {
 		panic(err)
 	}
@@ -55,6 +58,16 @@ func registry() *stack.Registry {
 
 // Run mounts, serves until a signal or an external unmount, and exits 0.
 func (c *MountCmd) Run(g *Globals) error {
+	limit, metricsLn, pprofLn, ferr := c.memoryAndDebug()
+	if ferr != nil {
+		return ferr
+	}
+	if metricsLn != nil {
+		defer metricsLn.Close()
+	}
+	if pprofLn != nil {
+		defer pprofLn.Close()
+	}
 	dir := c.Mountpoint
 	if err := clearStale(dir); err != nil {
 		return err
@@ -114,7 +127,8 @@ func (c *MountCmd) Run(g *Globals) error {
 	defer ln.Close()
 
 	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
-		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth})
+		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth,
+		MemoryLimit: limit, ReleaseAfter: releaseAfter})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
@@ -125,7 +139,7 @@ func (c *MountCmd) Run(g *Globals) error {
 		}
 	}()
 	defer ctl.Close()
-	if c.MetricsAddr != "" {
+	if metricsLn != nil {
 		exp := stats.NewExporter(func() []stats.Named {
 			var out []stats.Named
 			for _, d := range mgr.Devices() {
@@ -135,16 +149,19 @@ func (c *MountCmd) Run(g *Globals) error {
 			}
 			return out
 		})
+		defer metrics.UnregisterSet(memoryMetrics(srv), true)
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", exp)
-		hs := &http.Server{Addr: c.MetricsAddr, Handler: mux}
-		go func() {
-			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fmt.Fprintf(os.Stderr, "dmfuse: metrics: %v\n", err)
-			}
-		}()
-		defer hs.Close()
+		defer serveHTTP("metrics", metricsLn, mux)()
+		fmt.Fprintf(os.Stderr, "dmfuse: metrics on http://%s/metrics\n", metricsLn.Addr())
 	}
+	if pprofLn != nil {
+		defer serveHTTP("pprof", pprofLn, pprofMux())()
+		fmt.Fprintf(os.Stderr, "dmfuse: pprof on http://%s/debug/pprof/\n", pprofLn.Addr())
+	}
+	p := srv.Memory()
+	fmt.Fprintf(os.Stderr, "dmfuse: memory limit %s: requests up to %d KiB, %d in flight, request buffers at most %.1f MiB\n",
+		limitString(p.Limit), p.MaxWrite>>10, p.MaxBackground, float64(p.Bound)/(1<<20))
 	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s; control socket %s\n", len(mgr.Devices()), dir, sock)
 
 	done := make(chan struct{})
@@ -231,8 +248,7 @@ func openState() (string, func(), error) {
 // clearStale lazily unmounts a mount on dir whose daemon is gone ("Transport
 // endpoint is not connected"), and refuses a live mount.
 func clearStale(dir string) error {
-	var st unix.Stat_t
-	err := unix.Stat(dir, &st)
+	err := statSettled(dir)
 	switch {
 	case errors.Is(err, unix.ENOTCONN):
 		// Look for loop devices first: once the mount is detached, their
@@ -250,12 +266,37 @@ func clearStale(dir string) error {
 	case errors.Is(err, unix.ENOENT):
 		return nil
 	case err != nil:
-		return err
+		return fmt.Errorf("%s: %w", dir, err)
 	}
 	if isMountpoint(dir) {
 		return fmt.Errorf("%s is already a mount point", dir)
 	}
 	return nil
+}
+
+// teardownTimeout bounds how long statSettled asks again while a dead
+// daemon's connection is being torn down.
+const teardownTimeout = 10 * time.Second
+
+// statSettled stats dir, and asks again while the answer comes from a
+// connection whose daemon has died but which the kernel has not finished
+// tearing down. On the io_uring transport the kernel drops a daemon's rings
+// after the process is gone: a request that reaches a ring meanwhile ends
+// with ECANCELED (fs/fuse/dev_uring.c: fuse_uring_send_in_task, when the
+// ring's task is dead), and one still queued when the last reference to the
+// daemon's /dev/fuse file goes ends with ECONNABORTED (fs/fuse/dev.c:
+// fuse_abort_conn, end_requests). After that abort every new request fails
+// with ENOTCONN, the answer of a dead mount.
+func statSettled(dir string) error {
+	deadline := time.Now().Add(teardownTimeout)
+	for {
+		var st unix.Stat_t
+		err := unix.Stat(dir, &st)
+		if !errors.Is(err, unix.ECANCELED) && !errors.Is(err, unix.ECONNABORTED) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // isMountpoint reports whether dir is listed as a mount point in

@@ -27,6 +27,13 @@
 // median of the per-pair ratios device/baseline (IOPS, or bandwidth for the
 // 1 MiB jobs). It is printed and written to -out.
 //
+// With -ref REV it also builds dmfuse as of git revision REV (from `git
+// archive`, with the module cache), mounts it beside with the same devices
+// (and -ref-args), and runs each dmfuse device's job on it next to the
+// current build's, the two taking turns at going first: NAME@ref rows, and a
+// column with the median of the per-pair ratios current/ref, to compare a
+// change against the code before it in one run.
+//
 // Everything it set up (fio, loop device, mounts, daemons, tmpfs, scratch
 // folder) is torn down on exit, on error and on SIGINT or SIGTERM.
 package main
@@ -100,13 +107,16 @@ func main() {
 		env     = flag.String("daemon-env", "", "extra environment of the dmfuse daemon, e.g. GOMAXPROCS=4 (comma separated)")
 		xarg    = flag.String("daemon-args", "", "extra dmfuse mount flags, space separated, e.g. --uring-depth=64")
 		hold    = flag.Bool("hold", false, "after setting up, print the mounts and wait for SIGINT (for profiling by hand)")
+		ref     = flag.String("ref", "", "git revision of dmfuse to compare against, run after each dmfuse device (NAME@ref)")
+		refArgs = flag.String("ref-args", "", "extra mount flags of the -ref daemon, space separated")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run ./test/bench [flags]\n\nNeeds root, /dev/fuse, fio and losetup (util-linux).\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	b := &bench{pairs: *pairs, runtime: *rt, size: *size << 20, out: *out, hold: *hold, transport: *transp, daemonArgs: strings.Fields(*xarg)}
+	b := &bench{pairs: *pairs, runtime: *rt, size: *size << 20, out: *out, hold: *hold, transport: *transp, daemonArgs: strings.Fields(*xarg),
+		ref: *ref, refArgs: strings.Fields(*refArgs)}
 	if *env != "" {
 		b.daemonEnv = strings.Split(*env, ",")
 	}
@@ -182,6 +192,8 @@ type bench struct {
 	size      int64
 	out       string
 	hold      bool
+	ref       string   // git revision to compare against ("": none)
+	refArgs   []string // its extra mount flags
 	transport string
 	// daemonArgs are more dmfuse mount flags.
 	daemonArgs []string
@@ -224,33 +236,47 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	res := map[string]map[string][]sample{} // job -> device -> samples
 	ratios := map[string]map[string][]float64{}
+	refs := map[string]map[string][]float64{} // job -> device -> current/ref per pair
 	runs := len(b.jobs) * len(b.devices) * b.pairs * 2
+	if b.ref != "" {
+		runs += len(b.jobs) * len(b.refDevices()) * b.pairs
+	}
 	logf("%d fio runs of %v (+%v ramp): about %v", runs, b.runtime, b.ramp(), time.Duration(runs)*(b.runtime+b.ramp()+300*time.Millisecond).Round(time.Second))
 	start := time.Now()
 	for _, j := range b.jobs {
-		res[j.name], ratios[j.name] = map[string][]sample{}, map[string][]float64{}
+		res[j.name], ratios[j.name], refs[j.name] = map[string][]sample{}, map[string][]float64{}, map[string][]float64{}
 		for p := 0; p < b.pairs; p++ {
 			for _, d := range b.devices {
 				base, err := b.fio(ctx, j, "baseline")
 				if err != nil {
 					return err
 				}
-				s, err := b.fio(ctx, j, d)
-				if err != nil {
-					return err
+				// With -ref, the two builds take turns at running
+				// first, so that neither gains from its place.
+				order := []string{d}
+				if b.ref != "" && isDmfuse(d) {
+					order = []string{d, d + "@ref"}
+					if p%2 == 1 {
+						order = []string{d + "@ref", d}
+					}
+				}
+				got := map[string]sample{}
+				for _, name := range order {
+					if got[name], err = b.fio(ctx, j, name); err != nil {
+						return err
+					}
+					res[j.name][name] = append(res[j.name][name], got[name])
+					ratios[j.name][name] = append(ratios[j.name][name], ratio(j, got[name], base))
 				}
 				res[j.name]["baseline"] = append(res[j.name]["baseline"], base)
-				res[j.name][d] = append(res[j.name][d], s)
-				r := s.iops / base.iops
-				if j.bw {
-					r = s.mbps / base.mbps
+				if len(order) == 2 {
+					refs[j.name][d] = append(refs[j.name][d], ratio(j, got[d], got[d+"@ref"]))
 				}
-				ratios[j.name][d] = append(ratios[j.name][d], r)
 			}
 			logf("%s: pair %d/%d done (%v)", j.name, p+1, b.pairs, time.Since(start).Round(time.Second))
 		}
 	}
-	report := b.report(res, ratios, time.Since(start))
+	report := b.report(res, ratios, refs, time.Since(start))
 	fmt.Print(report)
 	if err := os.WriteFile(b.out, []byte(report), 0o644); err != nil {
 		return err
@@ -364,8 +390,13 @@ func (b *bench) setup(ctx context.Context) error {
 	}
 
 	b.paths = map[string]string{"baseline": filepath.Join(base, "file"), "tmpfs": lin}
-	for _, d := range []string{"zero", "linear", "striped", "stack3", "delay0"} {
+	for _, d := range dmfuseDevices {
 		b.paths[d] = filepath.Join(dm, d)
+	}
+	if b.ref != "" {
+		if err := b.setupRef(ctx, modDir, cfgPath); err != nil {
+			return err
+		}
 	}
 	if slices.Contains(b.devices, "loop") {
 		out, err := exec.CommandContext(ctx, "losetup", "--direct-io=on", "-f", "--show", lin).Output()
@@ -432,16 +463,28 @@ func parseFio(out []byte, write bool) (sample, error) {
 }
 
 // report renders the results as markdown.
-func (b *bench) report(res map[string]map[string][]sample, ratios map[string]map[string][]float64, took time.Duration) string {
+func (b *bench) report(res map[string]map[string][]sample, ratios, refs map[string]map[string][]float64, took time.Duration) string {
 	var w strings.Builder
 	host, _ := os.Hostname()
 	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s, %s; dmfuse transport %q %q; %d pairs x %v per job (+%v ramp), took %v; load average at the end: %s\n\n",
 		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), host, b.transport, b.daemonArgs, b.pairs, b.runtime, b.ramp(), took.Round(time.Second), strings.Join(strings.Fields(string(load))[:3], " "))
-	fmt.Fprintf(&w, "| job | device | IOPS | MB/s | mean lat | p99 lat | ratio (min-max) |\n|---|---|---:|---:|---:|---:|---|\n")
+	if b.ref != "" {
+		fmt.Fprintf(&w, "NAME@ref is dmfuse as of %s (mount flags %q); \"vs @ref\" is the median (min-max) of the per-pair ratios NAME / NAME@ref.\n\n", b.ref, b.refArgs)
+		fmt.Fprintf(&w, "| job | device | IOPS | MB/s | mean lat | p99 lat | ratio (min-max) | vs @ref |\n|---|---|---:|---:|---:|---:|---|---|\n")
+	} else {
+		fmt.Fprintf(&w, "| job | device | IOPS | MB/s | mean lat | p99 lat | ratio (min-max) |\n|---|---|---:|---:|---:|---:|---|\n")
+	}
 	var notes []string
 	for _, j := range b.jobs {
-		for _, d := range append([]string{"baseline"}, b.devices...) {
+		rows := []string{"baseline"}
+		for _, d := range b.devices {
+			rows = append(rows, d)
+			if b.ref != "" && isDmfuse(d) {
+				rows = append(rows, d+"@ref")
+			}
+		}
+		for _, d := range rows {
 			ss := res[j.name][d]
 			if len(ss) == 0 {
 				continue
@@ -451,11 +494,18 @@ func (b *bench) report(res map[string]map[string][]sample, ratios map[string]map
 				r := ratios[j.name][d]
 				ratio = fmt.Sprintf("**%.2f** (%.2f-%.2f)", benchkit.Median(r), slices.Min(r), slices.Max(r))
 			}
-			fmt.Fprintf(&w, "| %s | %s | %s | %.0f | %s | %s | %s |\n", j.title, d,
+			vsRef := ""
+			if b.ref != "" {
+				vsRef = " |"
+				if r := refs[j.name][d]; len(r) > 0 {
+					vsRef = fmt.Sprintf(" **%.3f** (%.2f-%.2f) |", benchkit.Median(r), slices.Min(r), slices.Max(r))
+				}
+			}
+			fmt.Fprintf(&w, "| %s | %s | %s | %.0f | %s | %s | %s |%s\n", j.title, d,
 				kilo(med(ss, func(s sample) float64 { return s.iops })),
 				med(ss, func(s sample) float64 { return s.mbps }),
 				us(med(ss, func(s sample) float64 { return s.meanUs })),
-				us(med(ss, func(s sample) float64 { return s.p99Us })), ratio)
+				us(med(ss, func(s sample) float64 { return s.p99Us })), ratio, vsRef)
 		}
 		if n := b.checkBaseline(j, res[j.name]); n != "" {
 			notes = append(notes, n)
@@ -512,6 +562,31 @@ func (b *bench) checkBaseline(j job, res map[string][]sample) string {
 	return msg + fmt.Sprintf("; load average %s (other processes share the %d CPUs)", strings.Join(strings.Fields(string(load))[:3], " "), runtime.NumCPU())
 }
 
+// ratio compares a with b: IOPS, or bandwidth for the 1 MiB jobs.
+func ratio(j job, a, b sample) float64 {
+	if j.bw {
+		return a.mbps / b.mbps
+	}
+	return a.iops / b.iops
+}
+
+// dmfuseDevices are the devices of the dmfuse mount (the others are the
+// tmpfs file and a loop device over it).
+var dmfuseDevices = []string{"zero", "linear", "striped", "stack3", "delay0"}
+
+func isDmfuse(d string) bool { return slices.Contains(dmfuseDevices, d) }
+
+// refDevices are the measured devices that have a NAME@ref twin.
+func (b *bench) refDevices() []string {
+	var out []string
+	for _, d := range b.devices {
+		if isDmfuse(d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 func med(ss []sample, f func(sample) float64) float64 {
 	v := make([]float64, len(ss))
 	for i, s := range ss {
@@ -532,4 +607,54 @@ func us(v float64) string {
 		return fmt.Sprintf("%.2f ms", v/1000)
 	}
 	return fmt.Sprintf("%.1f us", v)
+}
+
+// setupRef builds dmfuse as of git revision b.ref (the tree from `git
+// archive`, built with the module cache) and mounts it with the same config
+// on a folder of its own; its devices are NAME@ref.
+func (b *bench) setupRef(ctx context.Context, modDir, cfgPath string) error {
+	src := filepath.Join(b.scratch, "ref-src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		return err
+	}
+	archive := exec.CommandContext(ctx, "git", "-C", modDir, "archive", "--format=tar", b.ref)
+	untar := exec.CommandContext(ctx, "tar", "-x", "-C", src)
+	pipe, err := archive.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	untar.Stdin = pipe
+	var aerr, terr bytes.Buffer
+	archive.Stderr, untar.Stderr = &aerr, &terr
+	if err := untar.Start(); err != nil {
+		return err
+	}
+	if err := archive.Run(); err != nil {
+		untar.Wait()
+		return fmt.Errorf("git archive %s: %v\n%s", b.ref, err, aerr.String())
+	}
+	if err := untar.Wait(); err != nil {
+		return fmt.Errorf("tar: %v\n%s", err, terr.String())
+	}
+	bin := filepath.Join(b.scratch, "dmfuse-ref")
+	logf("building dmfuse as of %s", b.ref)
+	c := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/dmfuse")
+	c.Dir = src
+	if out, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build of %s: %v\n%s", b.ref, err, out)
+	}
+	mnt := filepath.Join(b.scratch, "dmref")
+	argv := []string{bin, "mount", "--config", cfgPath, "--control", filepath.Join(b.scratch, "ref.sock")}
+	if b.transport != "" {
+		argv = append(argv, "--transport="+b.transport)
+	}
+	argv = append(append(argv, b.refArgs...), mnt)
+	env := append([]string{"XDG_STATE_HOME=" + filepath.Join(b.scratch, "ref-state")}, b.daemonEnv...)
+	if _, err := b.daemon(ctx, "dmfuse@ref", mnt, filepath.Join(mnt, "linear"), env, argv...); err != nil {
+		return err
+	}
+	for _, d := range dmfuseDevices {
+		b.paths[d+"@ref"] = filepath.Join(mnt, d)
+	}
+	return nil
 }

@@ -1,17 +1,21 @@
 // Command soak runs fio with verification on several stacked dmfuse devices
 // while a driver reloads tables, suspends and resumes devices, fails and
 // reinstates multipath paths and creates and deletes dm-stats regions, then
-// reports the I/O completed, errors, verify failures and the daemon's
-// threads, open fds and RSS at the start and the end.
+// reports the I/O completed, errors, verify failures, and the daemon's
+// threads, open fds, RSS, Go heap and goroutines every -interval.
 //
 // Run it as root with /dev/fuse and fio, from inside the module:
 //
 //	go run ./test/soak                       # 10 minutes
 //	go run ./test/soak -duration 1m -cycles 500
+//	go run ./test/soak -profiles DIR         # also heap profiles at half time and at the end
 //
 // It mounts a private tmpfs for the backing files and removes everything it
-// set up when it ends, also on Ctrl-C. It exits 1 if any I/O failed or any
-// block failed verification.
+// set up when it ends, also on Ctrl-C. It exits 1 if any I/O failed, any
+// block failed verification, or the daemon's memory kept growing over the
+// second half of the run: a least-squares line through the second half's
+// samples of RSS, or of the live heap, rises by more than 8 MiB (or 10% of
+// their mean, if more) from the first of them to the last.
 //
 // The devices (all over files on the tmpfs):
 //
@@ -27,11 +31,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +58,8 @@ var (
 	cycles   = flag.Int("cycles", 0, "stop the driver after this many operations (0: run as long as fio)")
 	pause    = flag.Duration("pause", 20*time.Millisecond, "pause between driver operations")
 	seed     = flag.Uint64("seed", 1, "seed of the driver's choices")
+	interval = flag.Duration("interval", 0, "how often to sample the daemon's memory (0: a 40th of -duration, at least 1s)")
+	profiles = flag.String("profiles", "", "folder to write the daemon's heap profiles to (heap-half.pb.gz, heap-end.pb.gz), for go tool pprof -base")
 )
 
 func logf(format string, a ...any) { fmt.Fprintf(os.Stderr, "soak: "+format+"\n", a...) }
@@ -72,6 +81,7 @@ type soak struct {
 	scratch, mnt, sock string
 	pid                int
 	undo               []func()
+	metrics, pprof     string // the daemon's /metrics and /debug/pprof/ URLs
 }
 
 func (s *soak) cleanup() {
@@ -81,14 +91,21 @@ func (s *soak) cleanup() {
 	s.undo = nil
 }
 
-// usage is the daemon's threads, open fds and resident memory from /proc.
+// usage is the daemon's threads, open fds and resident memory from /proc,
+// and its Go heap and goroutines from its /metrics.
 type usage struct {
-	threads, fds int
-	rssKiB       int
+	at                  time.Duration // since fio started
+	threads, fds        int
+	rssKiB              int
+	heapInuse, heapLive int64 // bytes
+	goroutines          int
 }
 
 func (s *soak) usage() usage {
 	var u usage
+	m := scrape(s.metrics)
+	u.heapInuse, u.heapLive = int64(m["go_memstats_heap_inuse_bytes"]), int64(m["dmfuse_heap_live_bytes"])
+	u.goroutines = int(m["go_goroutines"])
 	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.pid)); err == nil {
 		u.fds = len(ents)
 	}
@@ -109,7 +126,108 @@ func (s *soak) usage() usage {
 }
 
 func (u usage) String() string {
-	return fmt.Sprintf("%d threads, %d open fds, RSS %.1f MiB", u.threads, u.fds, float64(u.rssKiB)/1024)
+	return fmt.Sprintf("%d threads, %d open fds, RSS %.1f MiB, Go heap in use %.1f MiB (live %.1f MiB), %d goroutines",
+		u.threads, u.fds, float64(u.rssKiB)/1024, mib(u.heapInuse), mib(u.heapLive), u.goroutines)
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// scrape returns the unlabelled samples of a /metrics page (none on error).
+func scrape(url string) map[string]float64 {
+	out := map[string]float64{}
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, l := range strings.Split(string(body), "\n") {
+		name, val, ok := strings.Cut(l, " ")
+		if !ok || strings.ContainsAny(name, "{#") {
+			continue
+		}
+		if v, err := strconv.ParseFloat(val, 64); err == nil {
+			out[name] = v
+		}
+	}
+	return out
+}
+
+// growth fits a least-squares line through the samples of value over time
+// and returns how much it rises from the first sample's time to the last's,
+// and the samples' mean.
+func growth(us []usage, value func(usage) float64) (rise, mean float64) {
+	if len(us) < 2 {
+		return 0, 0
+	}
+	var st, sv float64
+	for _, u := range us {
+		st += u.at.Seconds()
+		sv += value(u)
+	}
+	n := float64(len(us))
+	mt, mv := st/n, sv/n
+	var cov, vt float64
+	for _, u := range us {
+		dt := u.at.Seconds() - mt
+		cov += dt * (value(u) - mv)
+		vt += dt * dt
+	}
+	if vt == 0 {
+		return 0, mv
+	}
+	return cov / vt * (us[len(us)-1].at - us[0].at).Seconds(), mv
+}
+
+// growthSlack is how much memory may rise over the second half before the
+// soak calls it growth: the larger of 8 MiB and a tenth of the mean.
+func growthSlack(mean float64) float64 { return max(8<<20, mean/10) }
+
+// sampler records the daemon's usage every interval until stop is closed,
+// and writes a heap profile at half time.
+func (s *soak) sampler(t0 time.Time, every, half time.Duration, stop <-chan struct{}) []usage {
+	var out []usage
+	halfDone := false
+	for i := 1; ; i++ {
+		select {
+		case <-stop:
+			return out
+		case <-time.After(time.Until(t0.Add(time.Duration(i) * every))):
+		}
+		u := s.usage()
+		u.at = time.Since(t0).Round(time.Second)
+		out = append(out, u)
+		logf("%v: %v", u.at, u)
+		if !halfDone && u.at >= half {
+			halfDone = true
+			s.heapProfile("heap-half.pb.gz")
+		}
+	}
+}
+
+// heapProfile saves the daemon's heap profile (after a collection) into
+// -profiles.
+func (s *soak) heapProfile(name string) {
+	if *profiles == "" {
+		return
+	}
+	c := http.Client{Timeout: time.Minute}
+	resp, err := c.Get(s.pprof + "heap?gc=1")
+	if err != nil {
+		logf("heap profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(*profiles, name), b, 0o644)
+	}
+	if err != nil {
+		logf("heap profile: %v", err)
+		return
+	}
+	logf("wrote %s", filepath.Join(*profiles, name))
 }
 
 func (s *soak) run(ctx context.Context) error {
@@ -165,13 +283,26 @@ mp,,,rw,0 %[1]d multipath 1 queue_if_no_path 0 1 1 round-robin 0 2 1 p1 1 p2 1;
 	}
 	s.mnt = filepath.Join(s.scratch, "mnt")
 	s.sock = filepath.Join(s.scratch, "ctl.sock")
-	if err := s.daemon(ctx, bin, "mount", "--config", cfgPath, "--control", s.sock, s.mnt); err != nil {
+	if *profiles != "" {
+		if err := os.MkdirAll(*profiles, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := s.daemon(ctx, bin, "mount", "--config", cfgPath, "--control", s.sock,
+		"--metrics-addr", "127.0.0.1:0", "--pprof", "127.0.0.1:0", s.mnt); err != nil {
 		return err
 	}
 
 	start := s.usage()
 	logf("daemon pid %d at start: %v", s.pid, start)
+	every := *interval
+	if every <= 0 {
+		every = max(*duration/40, time.Second)
+	}
 	t0 := time.Now()
+	stopSampling := make(chan struct{})
+	samplesDone := make(chan []usage, 1)
+	go func() { samplesDone <- s.sampler(t0, every, *duration/2, stopSampling) }()
 	fioCtx, fioCancel := context.WithCancel(ctx)
 	defer fioCancel()
 	var wg sync.WaitGroup
@@ -189,8 +320,12 @@ mp,,,rw,0 %[1]d multipath 1 queue_if_no_path 0 1 1 round-robin 0 2 1 p1 1 p2 1;
 	drvCancel()
 	derr := <-drvDone
 	elapsed := time.Since(t0)
+	close(stopSampling)
+	samples := <-samplesDone
 	time.Sleep(time.Second) // let the daemon settle before measuring
 	end := s.usage()
+	end.at = time.Since(t0).Round(time.Second)
+	s.heapProfile("heap-end.pb.gz")
 
 	fmt.Printf("soak: %v of fio (%s), driver seed %d\n", elapsed.Round(time.Second), fioVersion(), *seed)
 	var ios, errs, verify int64
@@ -203,6 +338,31 @@ mp,,,rw,0 %[1]d multipath 1 queue_if_no_path 0 1 1 round-robin 0 2 1 p1 1 p2 1;
 	fmt.Printf("total: %d I/Os, %d errors, %d verify failures\n", ios, errs, verify)
 	fmt.Printf("driver: %d operations: %s\n", drv.ops, drv.summary())
 	fmt.Printf("daemon at start: %v\ndaemon at end:   %v\n", start, end)
+	fmt.Printf("\n| time | RSS MiB | Go heap in use MiB | live heap MiB | goroutines | threads | fds |\n|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, u := range append(append([]usage{start}, samples...), end) {
+		fmt.Printf("| %v | %.1f | %.1f | %.1f | %d | %d | %d |\n", u.at, float64(u.rssKiB)/1024, mib(u.heapInuse), mib(u.heapLive), u.goroutines, u.threads, u.fds)
+	}
+	var second []usage
+	for _, u := range samples {
+		if u.at >= elapsed/2 {
+			second = append(second, u)
+		}
+	}
+	var grew []string
+	for _, m := range []struct {
+		name  string
+		value func(usage) float64
+	}{
+		{"RSS", func(u usage) float64 { return float64(u.rssKiB) * 1024 }},
+		{"live heap", func(u usage) float64 { return float64(u.heapLive) }},
+	} {
+		rise, mean := growth(second, m.value)
+		fmt.Printf("second half (%d samples): %s rises %+.1f MiB along its trend (growth above %.1f MiB fails)\n",
+			len(second), m.name, rise/(1<<20), growthSlack(mean)/(1<<20))
+		if rise > growthSlack(mean) {
+			grew = append(grew, fmt.Sprintf("%s rose %.1f MiB over the second half", m.name, rise/(1<<20)))
+		}
+	}
 	if derr != nil {
 		return fmt.Errorf("driver: %w", derr)
 	}
@@ -216,6 +376,12 @@ mp,,,rw,0 %[1]d multipath 1 queue_if_no_path 0 1 1 round-robin 0 2 1 p1 1 p2 1;
 		if r.exit != "0" {
 			return fmt.Errorf("fio on %s: exit %s: %s", dev, r.exit, r.stderr)
 		}
+	}
+	if len(second) < 3 {
+		return fmt.Errorf("only %d samples in the second half: too few to tell growth (lower -interval)", len(second))
+	}
+	if len(grew) > 0 {
+		return fmt.Errorf("the daemon's memory kept growing: %s", strings.Join(grew, "; "))
 	}
 	return nil
 }
@@ -236,7 +402,20 @@ func (s *soak) daemon(ctx context.Context, argv ...string) error {
 		return err
 	}
 	s.pid = srv.Pid
-	return nil
+	for range 500 {
+		// The daemon says where it listens right after mounting.
+		if m := regexp.MustCompile(`metrics on (http://\S+/metrics)`).FindStringSubmatch(srv.Stderr()); m != nil {
+			s.metrics = m[1]
+		}
+		if m := regexp.MustCompile(`pprof on (http://\S+/debug/pprof/)`).FindStringSubmatch(srv.Stderr()); m != nil {
+			s.pprof = m[1]
+		}
+		if s.metrics != "" && s.pprof != "" {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("the daemon did not say where it serves metrics and profiles:\n%s", srv.Stderr())
 }
 
 type fioResult struct {

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"runtime/debug"
+	runtimemetrics "runtime/metrics"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/dmfuse/dmfuse/fs"
+)
+
+// releaseAfter is how long the devices must be idle before the daemon gives
+// its request buffers back to the operating system.
+const releaseAfter = 5 * time.Second
+
+// memoryAndDebug applies --memory-limit and opens the listeners of
+// --metrics-addr and --pprof (nil when not asked for), before anything is
+// mounted, so that a bad value changes nothing.
+func (c *MountCmd) memoryAndDebug() (limit int64, metricsLn, pprofLn net.Listener, err error) {
+	if limit, err = memoryLimit(c.MemoryLimit); err != nil {
+		return 0, nil, nil, err
+	}
+	if c.MetricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", c.MetricsAddr); err != nil {
+			return 0, nil, nil, fmt.Errorf("--metrics-addr: %w", err)
+		}
+	}
+	if c.Pprof != "" {
+		if pprofLn, err = listenLoopback(c.Pprof); err != nil {
+			if metricsLn != nil {
+				metricsLn.Close()
+			}
+			return 0, nil, nil, fmt.Errorf("--pprof: %w", err)
+		}
+	}
+	return limit, metricsLn, pprofLn, nil
+}
+
+// memoryLimit works out the daemon's memory limit: --memory-limit when given
+// ("off" or 0: none), else the Go runtime's GOMEMLIMIT when set ("off":
+// none), else fs.DefaultMemoryLimit. It returns the limit for fs.Options (negative: none)
+// and sets the Go runtime's soft limit to it, so that the collector works
+// harder instead of letting the heap grow past it.
+func memoryLimit(flag string) (int64, error) {
+	var limit int64
+	switch {
+	case flag != "":
+		n, err := parseSize(flag)
+		if err != nil {
+			return 0, fmt.Errorf("--memory-limit %q: %w", flag, err)
+		}
+		limit = n
+		if n == 0 {
+			limit = -1
+		}
+	case os.Getenv("GOMEMLIMIT") != "":
+		// The runtime has parsed it already; "off" reads as MaxInt64.
+		if limit = debug.SetMemoryLimit(-1); limit == math.MaxInt64 {
+			limit = -1
+		}
+	default:
+		limit = fs.DefaultMemoryLimit
+	}
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+	}
+	return limit, nil
+}
+
+// parseSize reads a byte count: a number with an optional binary suffix
+// (B, K/KiB, M/MiB, G/GiB, T/TiB), or "off" for 0.
+func parseSize(s string) (int64, error) {
+	if strings.EqualFold(s, "off") {
+		return 0, nil
+	}
+	i := strings.IndexFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	if i < 0 {
+		i = len(s)
+	}
+	num, unit := s[:i], strings.TrimSpace(s[i:])
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return 0, errors.New("not a size (want for example 64MiB, or off)")
+	}
+	shift := map[string]uint{"": 0, "b": 0, "k": 10, "kib": 10, "m": 20, "mib": 20, "g": 30, "gib": 30, "t": 40, "tib": 40}
+	sh, ok := shift[strings.ToLower(unit)]
+	if !ok {
+		return 0, fmt.Errorf("unknown unit %q (want B, KiB, MiB, GiB or TiB)", unit)
+	}
+	if n > math.MaxInt64>>sh {
+		return 0, errors.New("too large")
+	}
+	return n << sh, nil
+}
+
+// memoryMetrics registers, in the metrics package's default set that
+// /metrics serves after the device metrics and the go_* and process_*
+// figures, the gauges of srv's memory plan:
+//
+//	dmfuse_memory_limit_bytes          the memory limit (0: none)
+//	dmfuse_request_memory_bound_bytes  the most request buffers may hold
+//	dmfuse_max_request_bytes           the largest READ or WRITE the kernel sends
+//	dmfuse_max_background              the kernel's cap on asynchronous requests
+//	dmfuse_memory_releases_total       times idle request buffers were returned to the system
+//	dmfuse_heap_live_bytes             live heap at the last collection (runtime/metrics /gc/heap/live:bytes)
+func memoryMetrics(srv *fs.Server) *metrics.Set {
+	p := srv.Memory()
+	set := metrics.NewSet()
+	set.NewGauge("dmfuse_memory_limit_bytes", func() float64 { return float64(p.Limit) })
+	set.NewGauge("dmfuse_request_memory_bound_bytes", func() float64 { return float64(p.Bound) })
+	set.NewGauge("dmfuse_max_request_bytes", func() float64 { return float64(p.MaxWrite) })
+	set.NewGauge("dmfuse_max_background", func() float64 { return float64(p.MaxBackground) })
+	set.NewGauge("dmfuse_memory_releases_total", func() float64 { return float64(srv.Releases()) })
+	set.NewGauge("dmfuse_heap_live_bytes", func() float64 {
+		s := []runtimemetrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		runtimemetrics.Read(s)
+		if s[0].Value.Kind() != runtimemetrics.KindUint64 {
+			return 0
+		}
+		return float64(s[0].Value.Uint64())
+	})
+	metrics.RegisterSet(set)
+	return set
+}
+
+// listenLoopback listens on addr, which must name a loopback address
+// (127.0.0.0/8, ::1 or localhost): the pprof endpoints show the daemon's
+// memory and let anyone who reaches them make it work.
+func listenLoopback(addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("%s: not a loopback address (want 127.0.0.1:PORT, [::1]:PORT or localhost:PORT)", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if a, ok := ln.Addr().(*net.TCPAddr); !ok || !a.IP.IsLoopback() {
+		ln.Close()
+		return nil, fmt.Errorf("%s: resolves to %v, not a loopback address", addr, ln.Addr())
+	}
+	return ln, nil
+}
+
+// pprofMux serves the runtime profiles under /debug/pprof/, for
+// `go tool pprof http://HOST:PORT/debug/pprof/heap`.
+func pprofMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// serveHTTP serves h on ln until the returned function is called.
+func serveHTTP(what string, ln net.Listener, h http.Handler) (stop func()) {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintf(os.Stderr, "dmfuse: %s: %v\n", what, err)
+		}
+	}()
+	return func() { hs.Close() }
+}
+
+// limitString prints a memory limit in MiB, or "off".
+func limitString(n int64) string {
+	if n <= 0 {
+		return "off"
+	}
+	return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20))
+}

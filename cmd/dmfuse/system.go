@@ -1,0 +1,352 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/delay"
+	"github.com/dmfuse/dmfuse/export"
+	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stats"
+)
+
+// The system instance: the daemon dmsetup starts by itself. It lives in a
+// run folder, /run/dmfuse unless DMFUSE_RUN_DIR says otherwise:
+//
+//	RUN/mnt           the FUSE mount (one file per device)
+//	RUN/control.sock  the control socket
+//	RUN/daemon.pid    the daemon's pid
+//	RUN/daemon.lock   held (flock) by the running daemon
+//	RUN/start.lock    taken (flock) by a command that starts or cleans up
+//	RUN/daemon.log    the daemon's standard output and error
+//	RUN/nodes         the nodes the daemon made in the mapper folder
+//
+// Its devices are exported as loop devices with nodes in $DM_DEV_DIR/mapper
+// (/dev/mapper), as the kernel's device-mapper has them. DMFUSE_TRANSPORT
+// (auto, uring or dev) picks the FUSE transport, as dmfuse mount
+// --transport does.
+
+// defaultRunDir is the system instance's folder.
+const defaultRunDir = "/run/dmfuse"
+
+// startTimeout bounds how long a command waits for a daemon it started.
+const startTimeout = 10 * time.Second
+
+// system is the system instance of one run folder.
+type system struct{ dir string }
+
+// systemInstance returns the system instance: DMFUSE_RUN_DIR, else
+// /run/dmfuse.
+func systemInstance() system {
+	if d := os.Getenv("DMFUSE_RUN_DIR"); d != "" {
+		if abs, err := filepath.Abs(d); err == nil {
+			return system{abs}
+		}
+	}
+	return system{defaultRunDir}
+}
+
+func (s system) path(name string) string { return filepath.Join(s.dir, name) }
+func (s system) mount() string           { return s.path("mnt") }
+func (s system) socket() string          { return s.path("control.sock") }
+
+// mapperDir is where device nodes go: $DM_DEV_DIR/mapper, else /dev/mapper.
+func mapperDir() string {
+	if d := os.Getenv("DM_DEV_DIR"); d != "" {
+		return filepath.Join(d, "mapper")
+	}
+	return "/dev/mapper"
+}
+
+// running reports whether a daemon holds the run folder's daemon lock.
+func (s system) running() bool {
+	f, err := os.OpenFile(s.path("daemon.lock"), os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return true
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false
+}
+
+// lockStart takes the start lock, which serialises starting the daemon and
+// cleaning up after a dead one; the caller closes the file to release it.
+func (s system) lockStart() (*os.File, error) {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(s.path("start.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// cleanup clears what a daemon that died left (its mount, loop devices,
+// nodes, socket and pid file) and says what it did on w. The caller holds
+// the start lock and has seen no daemon running.
+func (s system) cleanup(w func(string)) {
+	did := export.Cleanup(s.mount(), mapperDir(), s.path("nodes"))
+	for _, p := range []string{s.socket(), s.path("daemon.pid")} {
+		if err := os.Remove(p); err == nil && len(did) == 0 {
+			did = append(did, "removed "+p)
+		}
+	}
+	if len(did) > 0 {
+		w(fmt.Sprintf("dmfuse: the daemon of %s died; cleaned up: %s", s.dir, strings.Join(did, ", ")))
+	}
+}
+
+// connect returns a caller for the system daemon. If none runs, it cleans
+// up after a dead one, and with start starts one and waits until it
+// serves; without start it returns nil.
+func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
+	if s.running() {
+		return s.ready()
+	}
+	if _, err := os.Stat(s.dir); errors.Is(err, os.ErrNotExist) && !start {
+		return nil, nil
+	}
+	lock, err := s.lockStart()
+	if err != nil {
+		return nil, fmt.Errorf("system instance %s: %w", s.dir, err)
+	}
+	defer lock.Close()
+	if s.running() {
+		return s.ready()
+	}
+	s.cleanup(warn)
+	if !start {
+		return nil, nil
+	}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return &socketCaller{s.socket()}, nil
+}
+
+// start starts the daemon detached from the caller (its own session, stdio
+// on the log file) and waits until it answers.
+func (s system) start() error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	log, err := os.OpenFile(s.path("daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer null.Close()
+	cmd := exec.Command(self, "daemon")
+	cmd.Env = append(os.Environ(), "DMFUSE_RUN_DIR="+s.dir)
+	cmd.Dir = "/"
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting the dmfuse daemon: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.Now().Add(startTimeout)
+	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		if c, err := net.Dial("unix", s.socket()); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case err := <-exited:
+			return fmt.Errorf("the dmfuse daemon exited (%v); see %s", err, s.path("daemon.log"))
+		case <-time.After(wait):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the dmfuse daemon did not answer within %v; see %s", startTimeout, s.path("daemon.log"))
+		}
+	}
+}
+
+// ready waits until a running daemon answers on its socket: one that has
+// just started takes its lock before it listens.
+func (s system) ready() (*socketCaller, error) {
+	deadline := time.Now().Add(startTimeout)
+	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
+		c, err := net.Dial("unix", s.socket())
+		if err == nil {
+			c.Close()
+			return &socketCaller{s.socket()}, nil
+		}
+		if !s.running() || time.Now().After(deadline) {
+			return &socketCaller{s.socket()}, nil // Call reports why it cannot connect
+		}
+		time.Sleep(wait)
+	}
+}
+
+// socketCaller sends requests to a daemon's control socket.
+type socketCaller struct{ path string }
+
+// Call sends req (control.Call).
+func (c *socketCaller) Call(req *control.Request) (*control.Response, error) {
+	return control.Call(c.path, req)
+}
+
+// DaemonCmd is `dmfuse daemon`: the system instance, which dmsetup starts.
+type DaemonCmd struct{}
+
+// Run serves the system instance until SIGTERM or SIGINT finds no device
+// left in use.
+func (c *DaemonCmd) Run() error {
+	s := systemInstance()
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(s.dir, 0o700); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(s.path("daemon.lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("%s: another dmfuse daemon runs there", s.dir)
+	}
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(os.Stderr, "%s dmfuse: %s\n", time.Now().Format(time.RFC3339), fmt.Sprintf(format, a...))
+	}
+	// Whatever a dead daemon left is cleared by the command that starts
+	// this one; a daemon started by hand clears it here.
+	s.cleanup(func(msg string) { logf("%s", msg) })
+	if err := unix.Prctl(unix.PR_SET_IO_FLUSHER, 1, 0, 0, 0); err != nil {
+		logf("warning: PR_SET_IO_FLUSHER: %v", err)
+	}
+	if err := os.WriteFile(s.path("daemon.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(s.path("daemon.pid"))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath)
+	if err != nil {
+		return err
+	}
+	mgr := stack.NewManager(ctx, reg, stats.SystemClock)
+	stack.EnableDMStats(mgr)
+	defer mgr.RemoveAll()
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
+	mnt := s.mount()
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return err
+	}
+	srv, err := fs.Mount(mnt, mgr, fs.Options{Transport: os.Getenv("DMFUSE_TRANSPORT")})
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", mnt, err)
+	}
+	loops, err := export.New(mgr, mnt, mapperDir(), s.path("nodes"), logf)
+	if err != nil {
+		srv.Unmount()
+		return err
+	}
+	fsChanged, fsRemoved := mgr.OnChange, mgr.OnRemove
+	mgr.OnChange = func(d *stack.Device) { fsChanged(d); loops.Changed(d) }
+	mgr.OnRemove = func(d *stack.Device) { loops.Removed(d); fsRemoved(d) }
+	mgr.SetExporter(loops)
+
+	// The socket comes last: a command that can connect finds the daemon
+	// ready.
+	ln, err := control.Listen(s.socket(), true)
+	if err != nil {
+		srv.Unmount()
+		return err
+	}
+	ctl := control.NewServer(ctx, mgr)
+	go func() {
+		if err := ctl.Serve(ln); err != nil {
+			logf("%v", err)
+		}
+	}()
+	defer ctl.Close()
+	logf("serving %s: mount %s, control socket %s, nodes in %s", s.dir, mnt, s.socket(), mapperDir())
+
+	done := make(chan struct{})
+	go func() { srv.Wait(); close(done) }()
+	for {
+		select {
+		case <-done:
+			return nil
+		case sig := <-sigs:
+			if left := mgr.RemoveUnused(false); len(left) > 0 {
+				logf("%v: devices still in use, still serving: %s", sig, strings.Join(left, ", "))
+				continue
+			}
+			ctl.Close()
+			if err := srv.Unmount(); err != nil {
+				logf("%v: cannot unmount %s: %v; still serving", sig, mnt, err)
+				continue
+			}
+			<-done
+			logf("%v: stopped", sig)
+			return nil
+		}
+	}
+}
+
+// StopCmd is `dmfuse stop`: stop the system instance.
+type StopCmd struct{}
+
+// Run asks the system daemon to stop (SIGTERM) and waits until it has: it
+// stops once none of its devices is in use.
+func (c *StopCmd) Run() error {
+	s := systemInstance()
+	if !s.running() {
+		return nil
+	}
+	b, err := os.ReadFile(s.path("daemon.pid"))
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("%s: %v", s.path("daemon.pid"), err)
+	}
+	if err := unix.Kill(pid, unix.SIGTERM); err != nil {
+		return fmt.Errorf("daemon %d: %w", pid, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); s.running(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the daemon of %s (pid %d) still runs: some device is in use (see %s)", s.dir, pid, s.path("daemon.log"))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,57 @@
+package export
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestParseDevNo(t *testing.T) {
+	for s, want := range map[string][3]uint32{"7:3": {7, 3, 1}, "253:0": {253, 0, 1}, "7": {0, 0, 0}, "a:1": {0, 1, 0}} {
+		maj, min, ok := parseDevNo(s)
+		if ok != (want[2] == 1) || ok && (maj != want[0] || min != want[1]) {
+			t.Errorf("parseDevNo(%q) = %d %d %v", s, maj, min, ok)
+		}
+	}
+	if got := unescapeMount(`/mnt/a\040b\134c`); got != `/mnt/a b\c` {
+		t.Errorf("unescapeMount: %q", got)
+	}
+}
+
+// TestLoopUsers attaches a loop device over a file and counts its users as
+// the open count does: none, then an open descriptor (of another process:
+// the test's own are skipped, as the daemon's are).
+func TestLoopUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("no /dev/loop-control")
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := attachLoop(img, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer detachLoop(l.path)
+	if unix.Major(l.rdev) != 7 {
+		t.Errorf("%s: number %d:%d", l.path, unix.Major(l.rdev), unix.Minor(l.rdev))
+	}
+	if n := l.users(); n != 0 {
+		t.Errorf("users of a fresh loop device: %d", n)
+	}
+	if got := loopsBackedUnder(filepath.Dir(img)); len(got) != 1 || got[0] != *l {
+		t.Errorf("loopsBackedUnder: %+v, want %+v", got, *l)
+	}
+	if err := detachLoop(l.path); err != nil {
+		t.Fatal(err)
+	}
+	if got := loopsBackedUnder(filepath.Dir(img)); len(got) != 0 {
+		t.Errorf("after detach: %+v", got)
+	}
+}

@@ -1,0 +1,109 @@
+package export
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The users of a block device, as the kernel's open count of a dm device
+// sees them: a mounted file system, each open file descriptor on it, each
+// device stacked on it (holders) and swap.
+
+// mountsOf returns the mount points of the file systems on block device
+// rdev, from /proc/self/mountinfo.
+func mountsOf(rdev uint64) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	want := fmt.Sprintf("%d:%d", unix.Major(rdev), unix.Minor(rdev))
+	var out []string
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64<<10), 1<<20)
+	for s.Scan() {
+		fs := strings.Fields(s.Text())
+		if len(fs) > 4 && fs[2] == want {
+			out = append(out, unescapeMount(fs[4]))
+		}
+	}
+	return out
+}
+
+func unescapeMount(s string) string {
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
+
+// openFDs counts the open file descriptors of every process on block
+// device rdev (/proc/PID/fd), skipping the process self.
+func openFDs(rdev uint64) int32 {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	self := fmt.Sprint(os.Getpid())
+	var n int32
+	for _, p := range procs {
+		name := p.Name()
+		if name[0] < '0' || name[0] > '9' || name == self {
+			continue
+		}
+		dir := filepath.Join("/proc", name, "fd")
+		fds, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			link, err := os.Readlink(filepath.Join(dir, fd.Name()))
+			if err != nil || !strings.HasPrefix(link, "/dev/") {
+				continue
+			}
+			var st unix.Stat_t
+			if unix.Stat(filepath.Join(dir, fd.Name()), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == rdev {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// holders counts the devices stacked on block device dev (a kernel dm or
+// md device on it), from /sys/block/NAME/holders.
+func holders(dev string) int32 {
+	ents, err := os.ReadDir(filepath.Join("/sys/block", filepath.Base(dev), "holders"))
+	if err != nil {
+		return 0
+	}
+	return int32(len(ents))
+}
+
+// swaps reports whether dev is in use as swap.
+func swaps(dev string) bool {
+	b, err := os.ReadFile("/proc/swaps")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n")[1:] {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == dev {
+			return true
+		}
+	}
+	return false
+}
+
+// users counts the users of the loop device l.
+func (l *loopDev) users() int32 {
+	n := openFDs(l.rdev) + holders(l.path)
+	if len(mountsOf(l.rdev)) > 0 {
+		n++
+	}
+	if swaps(l.path) {
+		n++
+	}
+	return n
+}

@@ -1,0 +1,991 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// Powercut is the powercut target type: a disk with a volatile write cache
+// that a message switches off, losing exactly what a real power cut loses.
+// It is a dmfuse extension; no kernel target has it.
+//
+// Writes go to an in-memory cache and are visible to reads at once. A flush
+// writes every cached write back to the device below, in the order the
+// writes arrived, and then flushes that device; a FUA write (WithFUA) reaches
+// the device before it completes. So the file system's own flush and FUA
+// protocol decides what survives a cut, as on real hardware. This is what
+// flakey's drop_writes is not: drop_writes drops every write from the moment
+// it is switched on and lets the flushes that follow succeed, so a test sees
+// data lost that fsync had acknowledged, a "corruption" that no disk
+// produces. After a powercut cut every I/O fails with EIO, flushes included,
+// until power_on, and what an acknowledged flush covered is on the device.
+var Powercut = &TargetType{Name: "powercut", Version: [3]int{1, 0, 0}, New: newPowercut}
+
+// pcDefaultCacheSectors is the default cache bound: 32 MiB.
+const pcDefaultCacheSectors = 65536
+
+// pcSeedStream is the second PCG seed word of the cut draws; the seed sets
+// the first.
+const pcSeedStream = 0x5eed_c0de_9e37_79b9
+
+// powercut is one constructed powercut target.
+//
+// Locks: mu guards the cache (list, index, counters) and is never held
+// during device I/O. wb orders what reaches the device: writing cached
+// entries back (a flush, a destage, a cut) holds it exclusively, a FUA write
+// holds it shared. Entries are written back oldest first, always a prefix of
+// the list, so that overlapping writes reach the device in arrival order; a
+// FUA write masks the older cached entries it overlaps (holes), so that none
+// of them can later land on top of it.
+type powercut struct {
+	dev   BlockDevice
+	start int64 // offset on dev, bytes
+	off   int64 // offset on dev, sectors, as given
+	limit int64 // cache bound, sectors
+	// hasLimit is set when cache_sectors was given, for the table form.
+	hasLimit bool
+
+	wb sync.RWMutex
+
+	down    atomic.Bool  // written under mu
+	ncached atomic.Int64 // mirrors count, so that reads of an empty cache skip mu
+
+	flushes  atomic.Uint64
+	fuas     atomic.Uint64
+	destaged atomic.Uint64 // entries written back, by any means but a cut
+
+	mu struct {
+		sync.Mutex
+		head, tail *pcEntry // arrival order
+		count      int64    // entries cached
+		sectors    int64    // sectors they cover
+		seq        uint64   // last entry's number
+		// gen changes whenever data leaves the index without being newer:
+		// written back, masked by a FUA write, or cut. A read that went to
+		// the device without mu held tries again when it changed.
+		gen uint64
+		idx pcIndex
+
+		cuts     uint64
+		lastMode string // "none", "all", "random" or "torn"
+		lastSeed uint64
+
+		// destaging is set while a write destages for all: writes that
+		// find the cache over its bound meanwhile wait on room, which
+		// each batch of the write-back signals, instead of queueing on
+		// wb for the whole write-back.
+		destaging bool
+		room      sync.Cond
+	}
+}
+
+var (
+	_ Target        = (*powercut)(nil)
+	_ Flusher       = (*powercut)(nil)
+	_ Discarder     = (*powercut)(nil)
+	_ ZeroWriter    = (*powercut)(nil)
+	_ Messager      = (*powercut)(nil)
+	_ Postsuspender = (*powercut)(nil)
+)
+
+// pcKind is what a cached entry does.
+type pcKind uint8
+
+const (
+	pcWrite pcKind = iota
+	pcDiscard
+	pcZeroes
+)
+
+var pcKindNames = [...]string{pcWrite: "write", pcDiscard: "discard", pcZeroes: "zeroes"}
+
+// pcSpan is a byte range [off, end) of the segment.
+type pcSpan struct{ off, end int64 }
+
+// pcEntry is one cached request. Everything but next and holes is fixed
+// once it is in the list.
+type pcEntry struct {
+	next *pcEntry
+	seq  uint64
+	kind pcKind
+	off  int64  // segment bytes
+	end  int64  // segment bytes
+	data []byte // pcWrite: the cached copy, end-off bytes
+	buf  *[]byte
+	// holes are the parts a later FUA write replaced on the device: never
+	// written back. Sorted, disjoint. Changed under wb (shared) and mu.
+	holes []pcSpan
+}
+
+// sectors is the number of sectors e touches.
+func (e *pcEntry) sectors() int64 {
+	return (e.end+SectorSize-1)/SectorSize - e.off/SectorSize
+}
+
+// mask adds [a, b) to e's holes.
+func (e *pcEntry) mask(a, b int64) {
+	h := e.holes
+	i := 0
+	for i < len(h) && h[i].end < a {
+		i++
+	}
+	j := i
+	for j < len(h) && h[j].off <= b {
+		a, b = min(a, h[j].off), max(b, h[j].end)
+		j++
+	}
+	e.holes = slices.Replace(h, i, j, pcSpan{a, b})
+}
+
+// pieces calls f for each part of [e.off, e.off+keep) that is not a hole.
+func (e *pcEntry) pieces(keep int64, f func(a, b int64) error) error {
+	a, end := e.off, e.off+keep
+	for _, h := range e.holes {
+		if h.off >= end {
+			break
+		}
+		if h.off > a {
+			if err := f(a, h.off); err != nil {
+				return err
+			}
+		}
+		a = max(a, h.end)
+	}
+	if a < end {
+		return f(a, end)
+	}
+	return nil
+}
+
+// pcBufClasses are the pooled sizes of cached copies: 512 B << i.
+const pcBufClasses = 12 // up to 1 MiB, the largest FUSE write
+
+var (
+	pcEntryPool = sync.Pool{New: func() any { return new(pcEntry) }}
+	pcBufPools  [pcBufClasses]sync.Pool
+)
+
+// pcGetBuf returns a buffer of at least n bytes, from a pool when n is at
+// most 1 MiB.
+func pcGetBuf(n int) *[]byte {
+	c := pcBufClass(n)
+	if c >= pcBufClasses {
+		b := make([]byte, n)
+		return &b
+	}
+	if bp, ok := pcBufPools[c].Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, SectorSize<<c)
+	return &b
+}
+
+func pcPutBuf(bp *[]byte) {
+	if c := pcBufClass(cap(*bp)); c < pcBufClasses && cap(*bp) == SectorSize<<c {
+		pcBufPools[c].Put(bp)
+	}
+}
+
+// pcBufClass is the smallest class holding n bytes.
+func pcBufClass(n int) int {
+	if n <= SectorSize {
+		return 0
+	}
+	return bits.Len(uint((n - 1) / SectorSize)) // ceil(log2(n/512))
+}
+
+func pcNewEntry(kind pcKind, off, n int64) *pcEntry {
+	e := pcEntryPool.Get().(*pcEntry)
+	e.kind, e.off, e.end = kind, off, off+n
+	if kind == pcWrite {
+		e.buf = pcGetBuf(int(n))
+		e.data = (*e.buf)[:n]
+	}
+	return e
+}
+
+func pcFreeEntry(e *pcEntry) {
+	if e.buf != nil {
+		pcPutBuf(e.buf)
+	}
+	*e = pcEntry{holes: e.holes[:0]}
+	pcEntryPool.Put(e)
+}
+
+// newPowercut constructs a powercut target. Table syntax:
+//
+//	<dev_path> <offset> [<#features> <feature args>...]
+//
+// offset is in sectors on dev. #features counts the words after it (0 or
+// 2); the one feature is
+//
+//	cache_sectors <n>   the cache bound, 0 to 2^32-1 sectors (default 65536: 32 MiB)
+//
+// The cache holds writes, discards and write-zeroes, each counted by the
+// sectors it touches. When it holds more than the bound, the oldest entries
+// are written back at once, until it holds at most 7/8 of the bound, as a
+// real cache destages (the write that crossed the bound waits for that). A
+// request larger than
+// the bound is written through, after every cached entry (so cache_sectors
+// 0 is a disk without a volatile cache). A suspend writes the whole cache
+// back, as dm-writecache does (so that a new table never loses it); a power
+// state belongs to one table and a new table starts powered on with an empty
+// cache.
+//
+// Messages (verbs case-insensitive):
+//
+//	power_cut                   every cached entry is lost
+//	power_cut random [<seed>]   each cached entry survives, independently, with probability 1/2
+//	power_cut torn [<seed>]     as random, and each surviving entry of k > 1 sectors keeps only its
+//	                            first j sectors, j drawn uniformly from 1..k (a torn write: the tear
+//	                            falls on a 512-byte boundary of the device)
+//	power_on                    power back: I/O works again, on what survived
+//	dirty                       the cached entries, oldest first, one per line:
+//	                            "<sector>+<sectors> <write|discard|zeroes>" (rounded out to whole
+//	                            sectors), or "no cached writes"
+//
+// The draws of a cut come from a PCG generator seeded with the unsigned
+// 64-bit seed and go over the entries oldest first (survival, then for torn
+// the tear), so the same seed on the same cache gives the same result; a
+// missing seed is picked at random and reported. Survivors are written to
+// the device in their original order, less any part a later FUA write
+// replaced, and the device is flushed; the reply says how many survived.
+// After a cut every read, write, flush, discard and write-zeroes fails with
+// EIO until power_on. A cut while powered off, or power_on while on, is an
+// error and changes nothing.
+//
+// TABLE is "<dev> <offset>" plus " 2 cache_sectors <n>" when given. INFO is
+//
+//	<up|down> cached <entries> <sectors> flushes <n> fua <n> destaged <entries> cuts <n> last_cut <none|all|random|torn> seed <seed|->
+//
+// flushes counts flush requests, fua the FUA writes written through,
+// destaged the entries written back by flushes, the bound and suspends.
+func newPowercut(c *Ctor, args []string) (Target, error) {
+	if len(args) < 2 {
+		return nil, Errorf("Invalid argument count")
+	}
+	a := NewArgs(args[2:])
+	p := &powercut{limit: pcDefaultCacheSectors}
+	if a.Len() > 0 {
+		n, err := a.Group(0, 2, "Invalid number of feature args")
+		if err != nil {
+			return nil, err
+		}
+		for n > 0 {
+			name, _ := a.Next()
+			n--
+			if !strings.EqualFold(name, "cache_sectors") {
+				return nil, Errorf("Unrecognised powercut feature %q", name)
+			}
+			if p.hasLimit {
+				return nil, Errorf("Feature cache_sectors duplicated")
+			}
+			if n == 0 {
+				return nil, Errorf("Feature cache_sectors requires a parameter")
+			}
+			v, err := a.Uint(0, 1<<32-1, "Invalid cache_sectors: want 0 to 4294967295 sectors")
+			if err != nil {
+				return nil, err
+			}
+			p.limit, p.hasLimit = int64(v), true
+			n--
+		}
+		if a.Len() > 0 {
+			return nil, Errorf("Too many arguments")
+		}
+	}
+	r, err := OpenArea(c, args[0], args[1], "Invalid device sector", c.Len)
+	if err != nil {
+		return nil, err
+	}
+	p.dev, p.start, p.off = r.Dev, r.Off, r.Off/SectorSize
+	p.mu.lastMode = "none"
+	p.mu.idx.init()
+	p.mu.room.L = &p.mu.Mutex
+	return p, nil
+}
+
+// ReadAt implements Target: the device's data with the cached entries laid
+// over it.
+func (p *powercut) ReadAt(ctx context.Context, b []byte, off int64) (int, error) {
+	if p.down.Load() {
+		return 0, syscall.EIO
+	}
+	if p.ncached.Load() == 0 {
+		// Nothing cached when the read started: whatever is cached now
+		// came concurrently with it.
+		return p.dev.ReadAt(ctx, b, p.start+off)
+	}
+	end := off + int64(len(b))
+	for try := 0; ; try++ {
+		p.mu.Lock()
+		if p.down.Load() {
+			p.mu.Unlock()
+			return 0, syscall.EIO
+		}
+		if p.mu.idx.covers(off, end) {
+			p.mu.idx.read(b, off)
+			p.mu.Unlock()
+			return len(b), nil
+		}
+		gen := p.mu.gen
+		p.mu.Unlock()
+		// After a few reads raced with write-backs, hold them off.
+		held := try >= 3
+		if held {
+			p.wb.Lock()
+		}
+		n, err := p.dev.ReadAt(ctx, b, p.start+off)
+		if err != nil {
+			if held {
+				p.wb.Unlock()
+			}
+			return n, err
+		}
+		p.mu.Lock()
+		ok := p.mu.gen == gen || held
+		if ok {
+			p.mu.idx.read(b, off)
+		}
+		p.mu.Unlock()
+		if held {
+			p.wb.Unlock()
+		}
+		if ok {
+			return len(b), nil
+		}
+	}
+}
+
+// WriteAt implements Target: the data is copied into the cache, unless the
+// write is marked FUA.
+func (p *powercut) WriteAt(ctx context.Context, b []byte, off int64) (int, error) {
+	if len(b) == 0 {
+		if p.down.Load() {
+			return 0, syscall.EIO
+		}
+		return 0, nil
+	}
+	if FUA(ctx) {
+		return p.writeFUA(ctx, b, off)
+	}
+	e := pcNewEntry(pcWrite, off, int64(len(b)))
+	copy(e.data, b)
+	if err := p.add(ctx, e); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// Discard implements Discarder: the discard is cached like a write; a
+// cached discard reads as zeros.
+func (p *powercut) Discard(ctx context.Context, off, n int64) error {
+	return p.span(ctx, pcDiscard, off, n)
+}
+
+// WriteZeroes implements ZeroWriter: write-zeroes is cached like a write.
+func (p *powercut) WriteZeroes(ctx context.Context, off, n int64) error {
+	return p.span(ctx, pcZeroes, off, n)
+}
+
+func (p *powercut) span(ctx context.Context, kind pcKind, off, n int64) error {
+	if p.down.Load() {
+		return syscall.EIO
+	}
+	if n <= 0 {
+		return nil
+	}
+	return p.add(ctx, pcNewEntry(kind, off, n))
+}
+
+// add caches e, or writes it through when it is larger than the cache, and
+// destages the oldest entries while the cache is over its bound.
+func (p *powercut) add(ctx context.Context, e *pcEntry) error {
+	if e.sectors() > p.limit {
+		return p.writeThrough(ctx, e)
+	}
+	p.mu.Lock()
+	if p.down.Load() {
+		p.mu.Unlock()
+		pcFreeEntry(e)
+		return syscall.EIO
+	}
+	p.mu.seq++
+	e.seq = p.mu.seq
+	if p.mu.tail == nil {
+		p.mu.head = e
+	} else {
+		p.mu.tail.next = e
+	}
+	p.mu.tail = e
+	p.mu.idx.put(e.off, e.end, e)
+	p.mu.count++
+	p.mu.sectors += e.sectors()
+	p.ncached.Store(p.mu.count)
+	over := p.mu.sectors > p.limit
+	p.mu.Unlock()
+	if over {
+		return p.makeRoom(ctx)
+	}
+	return nil
+}
+
+// makeRoom returns once the cache is within its bound: at once if it is,
+// else after another write's destage made room, else after destaging
+// itself.
+func (p *powercut) makeRoom(ctx context.Context) error {
+	p.mu.Lock()
+	for p.mu.sectors > p.limit && p.mu.destaging && !p.down.Load() {
+		p.mu.room.Wait()
+	}
+	switch {
+	case p.down.Load():
+		p.mu.Unlock()
+		return syscall.EIO
+	case p.mu.sectors <= p.limit:
+		p.mu.Unlock()
+		return nil
+	}
+	p.mu.destaging = true
+	p.mu.Unlock()
+	err := p.destage(ctx)
+	p.mu.Lock()
+	p.mu.destaging = false
+	p.mu.room.Broadcast()
+	p.mu.Unlock()
+	return err
+}
+
+// destage writes back the oldest entries, once the cache is over its bound,
+// until it holds at most 7/8 of the bound: a batch, so that the writes that
+// follow find room without waiting for wb one by one.
+func (p *powercut) destage(ctx context.Context) error {
+	p.wb.Lock()
+	defer p.wb.Unlock()
+	p.mu.Lock()
+	if p.down.Load() {
+		p.mu.Unlock()
+		return syscall.EIO
+	}
+	k := int64(0)
+	if p.mu.sectors > p.limit {
+		for e, excess := p.mu.head, p.mu.sectors-(p.limit-p.limit/8); excess > 0 && e != nil; e = e.next {
+			excess -= e.sectors()
+			k++
+		}
+	}
+	p.mu.Unlock()
+	return p.writeBack(ctx, k)
+}
+
+// writeThrough writes e, larger than the cache, to the device after every
+// cached entry, and frees it.
+func (p *powercut) writeThrough(ctx context.Context, e *pcEntry) error {
+	defer pcFreeEntry(e)
+	p.wb.Lock()
+	defer p.wb.Unlock()
+	if err := p.writeBackAllLocked(ctx); err != nil {
+		return err
+	}
+	return p.writeEntry(ctx, e, e.end-e.off)
+}
+
+// writeFUA writes b through to the device and masks the cached entries it
+// overlaps, so that they neither show over it nor land on it later.
+func (p *powercut) writeFUA(ctx context.Context, b []byte, off int64) (int, error) {
+	p.wb.RLock()
+	defer p.wb.RUnlock()
+	if p.down.Load() {
+		return 0, syscall.EIO
+	}
+	n, err := p.dev.WriteAt(ctx, b, p.start+off)
+	if err != nil {
+		return n, err
+	}
+	end := off + int64(len(b))
+	p.mu.Lock()
+	if p.mu.count > 0 {
+		for e := p.mu.head; e != nil; e = e.next {
+			if e.off < end && off < e.end {
+				e.mask(max(e.off, off), min(e.end, end))
+			}
+		}
+		p.mu.idx.clear(off, end, nil)
+		p.mu.gen++
+	}
+	p.mu.Unlock()
+	p.fuas.Add(1)
+	return n, nil
+}
+
+// Flush implements Flusher: every cached entry is written back in order,
+// then the device is flushed.
+func (p *powercut) Flush(ctx context.Context) error {
+	if p.down.Load() {
+		return syscall.EIO
+	}
+	p.flushes.Add(1)
+	p.wb.Lock()
+	err := p.writeBackAllLocked(ctx)
+	p.wb.Unlock()
+	if err != nil {
+		return err
+	}
+	if p.down.Load() {
+		return syscall.EIO
+	}
+	return p.dev.Flush(ctx)
+}
+
+// writeBackAllLocked writes back every cached entry; the caller holds wb.
+func (p *powercut) writeBackAllLocked(ctx context.Context) error {
+	p.mu.Lock()
+	if p.down.Load() {
+		p.mu.Unlock()
+		return syscall.EIO
+	}
+	k := p.mu.count
+	p.mu.Unlock()
+	return p.writeBack(ctx, k)
+}
+
+// pcWriteBackBatch is how many written-back entries leave the cache at a
+// time, so that a long write-back makes room (and lets waiting writes in)
+// as it goes.
+const pcWriteBackBatch = 32
+
+// writeBack writes the k oldest entries to the device in order, dropping
+// them from the cache pcWriteBackBatch at a time. The caller holds wb
+// exclusively: nothing else takes entries off the head of the list.
+func (p *powercut) writeBack(ctx context.Context, k int64) error {
+	for k > 0 {
+		p.mu.Lock()
+		first := p.mu.head
+		p.mu.Unlock()
+		n := min(k, pcWriteBackBatch)
+		var err error
+		done := int64(0)
+		for e := first; ; e = e.next {
+			if err = p.writeEntry(ctx, e, e.end-e.off); err != nil {
+				break
+			}
+			if done++; done == n {
+				break
+			}
+		}
+		p.drop(done)
+		if err != nil {
+			return err
+		}
+		k -= done
+	}
+	return nil
+}
+
+// drop takes the k oldest entries, written back, off the cache and frees
+// them.
+func (p *powercut) drop(k int64) {
+	if k == 0 {
+		return
+	}
+	p.mu.Lock()
+	first, e := p.mu.head, p.mu.head
+	var sectors int64
+	for range k {
+		p.mu.idx.clear(e.off, e.end, e)
+		sectors += e.sectors()
+		e = e.next
+	}
+	p.mu.head = e
+	if e == nil {
+		p.mu.tail = nil
+	}
+	p.mu.count -= k
+	p.mu.sectors -= sectors
+	p.mu.gen++
+	p.ncached.Store(p.mu.count)
+	p.mu.room.Broadcast()
+	p.mu.Unlock()
+	p.destaged.Add(uint64(k))
+	for e = first; k > 0; k-- {
+		next := e.next
+		pcFreeEntry(e)
+		e = next
+	}
+}
+
+// writeEntry applies the first keep bytes of e to the device, less its
+// holes.
+func (p *powercut) writeEntry(ctx context.Context, e *pcEntry, keep int64) error {
+	return e.pieces(keep, func(a, b int64) error {
+		switch e.kind {
+		case pcDiscard:
+			return p.dev.Discard(ctx, p.start+a, b-a)
+		case pcZeroes:
+			return p.dev.WriteZeroes(ctx, p.start+a, b-a)
+		}
+		_, err := p.dev.WriteAt(ctx, e.data[a-e.off:b-e.off], p.start+a)
+		return err
+	})
+}
+
+// Postsuspend implements Postsuspender: the cache is written back, so that
+// a table swap does not lose it.
+func (p *powercut) Postsuspend() {
+	p.wb.Lock()
+	defer p.wb.Unlock()
+	_ = p.writeBackAllLocked(context.Background())
+}
+
+// pcMsgError is a failed message: EINVAL with the reason.
+func pcMsgError(format string, a ...any) error {
+	return &ArgError{Reason: fmt.Sprintf(format, a...), Errno: syscall.EINVAL}
+}
+
+// Message implements Messager: power_cut, power_on and dirty (see
+// newPowercut).
+func (p *powercut) Message(ctx context.Context, args []string) (string, error) {
+	if len(args) == 0 {
+		return "", pcMsgError("Empty message")
+	}
+	verb := args[0]
+	switch {
+	case strings.EqualFold(verb, "power_cut"):
+		mode, seed, err := parseCut(args[1:])
+		if err != nil {
+			return "", err
+		}
+		return p.cut(ctx, mode, seed)
+	case strings.EqualFold(verb, "power_on"):
+		if len(args) > 1 {
+			return "", pcMsgError("power_on takes no arguments")
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.down.Load() {
+			return "", pcMsgError("power_on: the power is already on")
+		}
+		p.down.Store(false)
+		return "", nil
+	case strings.EqualFold(verb, "dirty"):
+		if len(args) > 1 {
+			return "", pcMsgError("dirty takes no arguments")
+		}
+		return p.dirty(), nil
+	}
+	return "", pcMsgError("Unrecognised message %q (want power_cut, power_on or dirty)", verb)
+}
+
+// parseCut reads the arguments after power_cut: mode "all" for none, else
+// random or torn with an optional seed (picked at random when missing).
+func parseCut(args []string) (mode string, seed uint64, err error) {
+	if len(args) == 0 {
+		return "all", 0, nil
+	}
+	switch {
+	case strings.EqualFold(args[0], "random"):
+		mode = "random"
+	case strings.EqualFold(args[0], "torn"):
+		mode = "torn"
+	default:
+		return "", 0, pcMsgError("power_cut %s: unknown mode (want random or torn)", args[0])
+	}
+	switch len(args) {
+	case 1:
+		return mode, rand.Uint64(), nil
+	case 2:
+		seed, err = ParseUint64(args[1])
+		if err != nil {
+			return "", 0, pcMsgError("power_cut %s %s: invalid seed (want an unsigned 64-bit decimal)", mode, args[1])
+		}
+		return mode, seed, nil
+	}
+	return "", 0, pcMsgError("power_cut %s: too many arguments", mode)
+}
+
+// cut switches the power off: the cache is emptied, the entries that
+// survive mode are written to the device, and every I/O fails from now on.
+func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, error) {
+	p.wb.Lock()
+	defer p.wb.Unlock()
+	p.mu.Lock()
+	if p.down.Load() {
+		p.mu.Unlock()
+		return "", pcMsgError("power_cut: the power is already off")
+	}
+	p.down.Store(true)
+	first, k, sectors := p.mu.head, p.mu.count, p.mu.sectors
+	p.mu.head, p.mu.tail = nil, nil
+	p.mu.count, p.mu.sectors = 0, 0
+	p.ncached.Store(0)
+	p.mu.idx.reset()
+	p.mu.gen++
+	p.mu.cuts++
+	p.mu.lastMode, p.mu.lastSeed = mode, seed
+	p.mu.room.Broadcast()
+	p.mu.Unlock()
+
+	rng := rand.New(rand.NewPCG(seed, pcSeedStream))
+	var survived, torn int64
+	var err error
+	e := first
+	for range k {
+		keep := int64(0)
+		if mode != "all" && rng.Uint64()&1 == 1 {
+			keep = e.end - e.off
+			if s := e.sectors(); mode == "torn" && s > 1 {
+				j := 1 + rng.Int64N(s)
+				keep = min(e.end, (e.off/SectorSize+j)*SectorSize) - e.off
+				if keep < e.end-e.off {
+					torn++
+				}
+			}
+		}
+		if keep > 0 && err == nil {
+			survived++
+			err = p.writeEntry(ctx, e, keep)
+		}
+		next := e.next
+		pcFreeEntry(e)
+		e = next
+	}
+	if err == nil && survived > 0 {
+		err = p.dev.Flush(ctx)
+	}
+	if err != nil {
+		return "", fmt.Errorf("power_cut: writing the surviving entries: %w", err)
+	}
+	switch mode {
+	case "all":
+		return fmt.Sprintf("power_cut: %d cached writes lost (%d sectors)", k, sectors), nil
+	case "random":
+		return fmt.Sprintf("power_cut random seed %d: %d of %d cached writes survived", seed, survived, k), nil
+	}
+	return fmt.Sprintf("power_cut torn seed %d: %d of %d cached writes survived, %d of them torn", seed, survived, k, torn), nil
+}
+
+// dirty lists the cached entries.
+func (p *powercut) dirty() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mu.count == 0 {
+		return "no cached writes"
+	}
+	var b strings.Builder
+	for e := p.mu.head; e != nil; e = e.next {
+		b.WriteString(strconv.FormatInt(e.off/SectorSize, 10))
+		b.WriteByte('+')
+		b.WriteString(strconv.FormatInt(e.sectors(), 10))
+		b.WriteByte(' ')
+		b.WriteString(pcKindNames[e.kind])
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// Status implements Target.
+func (p *powercut) Status(t StatusType) string {
+	if t == StatusTable {
+		s := EscapeArg(p.dev.Name()) + " " + strconv.FormatInt(p.off, 10)
+		if p.hasLimit {
+			s += " 2 cache_sectors " + strconv.FormatInt(p.limit, 10)
+		}
+		return s
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	state := "up"
+	if p.down.Load() {
+		state = "down"
+	}
+	seed := "-"
+	if p.mu.lastMode == "random" || p.mu.lastMode == "torn" {
+		seed = strconv.FormatUint(p.mu.lastSeed, 10)
+	}
+	return fmt.Sprintf("%s cached %d %d flushes %d fua %d destaged %d cuts %d last_cut %s seed %s",
+		state, p.mu.count, p.mu.sectors, p.flushes.Load(), p.fuas.Load(), p.destaged.Load(), p.mu.cuts, p.mu.lastMode, seed)
+}
+
+// Close implements Target: a cache still holding entries (the table was
+// destroyed without a suspend) is written back while the power is on.
+func (p *powercut) Close() error {
+	p.wb.Lock()
+	defer p.wb.Unlock()
+	if p.down.Load() {
+		return nil
+	}
+	return p.writeBackAllLocked(context.Background())
+}
+
+// pcChunkShift sets the span of one index chunk: 1 MiB.
+const pcChunkShift = 20
+
+// pcExtent is a byte range [off, end) whose newest cached data is e's.
+type pcExtent struct {
+	off, end int64
+	e        *pcEntry
+}
+
+// pcChunk holds the extents inside one 1 MiB span, sorted and disjoint.
+type pcChunk struct{ ext []pcExtent }
+
+// pcIndex maps each cached byte to the newest entry holding it. It is split
+// into chunks so that an insertion moves only the extents of a chunk.
+type pcIndex struct {
+	chunks map[int64]*pcChunk
+	free   []*pcChunk
+}
+
+func (x *pcIndex) init() { x.chunks = make(map[int64]*pcChunk) }
+
+// reset empties the index.
+func (x *pcIndex) reset() {
+	for k, c := range x.chunks {
+		c.ext = c.ext[:0]
+		x.free = append(x.free, c)
+		delete(x.chunks, k)
+	}
+}
+
+// search returns the index of the first extent of c ending after off.
+func (c *pcChunk) search(off int64) int {
+	lo, hi := 0, len(c.ext)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if c.ext[m].end <= off {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
+// chunkSpan clips [off, end) to chunk ck.
+func chunkSpan(ck, off, end int64) (int64, int64) {
+	return max(off, ck<<pcChunkShift), min(end, (ck+1)<<pcChunkShift)
+}
+
+// put makes e the newest data of [off, end).
+func (x *pcIndex) put(off, end int64, e *pcEntry) {
+	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+		c := x.chunks[ck]
+		if c == nil {
+			if n := len(x.free); n > 0 {
+				c, x.free = x.free[n-1], x.free[:n-1]
+			} else {
+				c = new(pcChunk)
+			}
+			x.chunks[ck] = c
+		}
+		a, b := chunkSpan(ck, off, end)
+		c.replace(a, b, e)
+	}
+}
+
+// replace puts e over [a, b) of c (nil e: clears it), keeping what extents
+// overlapping it hold outside it.
+func (c *pcChunk) replace(a, b int64, e *pcEntry) {
+	i := c.search(a)
+	j := i
+	for j < len(c.ext) && c.ext[j].off < b {
+		j++
+	}
+	var rep [3]pcExtent
+	k := 0
+	if i < j && c.ext[i].off < a {
+		rep[k] = pcExtent{c.ext[i].off, a, c.ext[i].e}
+		k++
+	}
+	if e != nil {
+		rep[k] = pcExtent{a, b, e}
+		k++
+	}
+	if i < j && c.ext[j-1].end > b {
+		rep[k] = pcExtent{b, c.ext[j-1].end, c.ext[j-1].e}
+		k++
+	}
+	c.ext = slices.Replace(c.ext, i, j, rep[:k]...)
+}
+
+// clear removes [off, end) from the index: all of it when only is nil,
+// else only the extents of entry only.
+func (x *pcIndex) clear(off, end int64, only *pcEntry) {
+	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+		c := x.chunks[ck]
+		if c == nil {
+			continue
+		}
+		a, b := chunkSpan(ck, off, end)
+		if only == nil {
+			c.replace(a, b, nil)
+		} else {
+			i := c.search(a)
+			j := i
+			for j < len(c.ext) && c.ext[j].off < b {
+				j++
+			}
+			kept := i
+			for n := i; n < j; n++ {
+				if c.ext[n].e != only {
+					c.ext[kept] = c.ext[n]
+					kept++
+				}
+			}
+			c.ext = slices.Delete(c.ext, kept, j)
+		}
+		if len(c.ext) == 0 {
+			delete(x.chunks, ck)
+			x.free = append(x.free, c)
+		}
+	}
+}
+
+// covers reports whether every byte of [off, end) is cached.
+func (x *pcIndex) covers(off, end int64) bool {
+	pos := off
+	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+		c := x.chunks[ck]
+		if c == nil {
+			return false
+		}
+		_, b := chunkSpan(ck, off, end)
+		for i := c.search(pos); pos < b; i++ {
+			if i == len(c.ext) || c.ext[i].off > pos {
+				return false
+			}
+			pos = c.ext[i].end
+		}
+	}
+	return true
+}
+
+// read lays the cached data of [off, off+len(p)) over p.
+func (x *pcIndex) read(p []byte, off int64) {
+	end := off + int64(len(p))
+	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+		c := x.chunks[ck]
+		if c == nil {
+			continue
+		}
+		a, b := chunkSpan(ck, off, end)
+		for i := c.search(a); i < len(c.ext) && c.ext[i].off < b; i++ {
+			x := c.ext[i]
+			s, t := max(x.off, a), min(x.end, b)
+			dst := p[s-off : t-off]
+			if x.e.kind == pcWrite {
+				copy(dst, x.e.data[s-x.e.off:t-x.e.off])
+			} else {
+				clear(dst)
+			}
+		}
+	}
+}

@@ -1,0 +1,234 @@
+// Command dmsetup measures dmfuse's dmsetup personality: what the block
+// device /dev/mapper/NAME costs against the same device's file on the
+// daemon's mount, and how long the first `dmsetup create` takes when no
+// daemon runs.
+//
+//	go run ./test/bench/dmsetup [-rounds N] [-runtime D] [-size MIB] [-starts N]
+//
+// It needs root, /dev/fuse, loop devices and fio; it installs nothing. It
+// builds dmfuse, links it as dmsetup in a private folder, and uses a
+// private system instance (DMFUSE_RUN_DIR) so that it never touches
+// /run/dmfuse. The backing file (-size MiB, filled) is on a private tmpfs.
+//
+// Start-up: -starts times, with no daemon running, it times
+// `dmsetup create bench --table "0 N linear FILE 0"` from the command's
+// start until a 4 KiB O_DIRECT read of /dev/mapper/bench succeeds, then
+// removes the device and stops the daemon.
+//
+// I/O: with one daemon and the device bench, fio runs 4 KiB O_DIRECT
+// randread and randwrite at QD1 (psync, 1 job) and at 2 jobs x QD32
+// (libaio), on
+// the device's file (MOUNT/bench) and on /dev/mapper/bench, in -rounds
+// interleaved rounds (the target that goes first alternates). It prints
+// the median IOPS of each and the median over the rounds of the per-round
+// ratio block/file, with the smallest and largest. Everything it set up is torn down on exit, on error
+// and on SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dmfuse/dmfuse/test/bench/benchkit"
+)
+
+type job struct {
+	name    string
+	rw      string
+	engine  string
+	jobs    int
+	iodepth int
+}
+
+var jobs = []job{
+	{"randread psync QD1", "randread", "psync", 1, 1},
+	{"randwrite psync QD1", "randwrite", "psync", 1, 1},
+	{"randread libaio 2x32", "randread", "libaio", 2, 32},
+	{"randwrite libaio 2x32", "randwrite", "libaio", 2, 32},
+}
+
+func main() {
+	rounds := flag.Int("rounds", 3, "interleaved rounds of the fio jobs")
+	runtime := flag.Duration("runtime", 5*time.Second, "fio runtime of each run")
+	size := flag.Int("size", 256, "device size in MiB")
+	starts := flag.Int("starts", 10, "timed starts of the daemon")
+	flag.Parse()
+	if err := run(*rounds, *runtime, *size, *starts); err != nil {
+		fmt.Fprintln(os.Stderr, "dmsetup bench:", err)
+		os.Exit(1)
+	}
+}
+
+// bench is the private setup.
+type bench struct {
+	bin, dmsetup, run, img string
+	env                    []string
+	sectors                int64
+}
+
+func (b *bench) cmd(name string, args ...string) error {
+	c := exec.Command(name, args...)
+	c.Env = b.env
+	if out, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %v: %s", filepath.Base(name), strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func (b *bench) create() error {
+	return b.cmd(b.dmsetup, "create", "bench", "--table", fmt.Sprintf("0 %d linear %s 0", b.sectors, b.img))
+}
+
+// stop removes every device and stops the daemon.
+func (b *bench) stop() {
+	b.cmd(b.dmsetup, "remove_all")
+	b.cmd(b.bin, "stop")
+}
+
+// usable reports whether a 4 KiB direct read of dev succeeds.
+func usable(dev string, buf []byte) bool {
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	n, err := unix.Pread(fd, buf, 0)
+	return err == nil && n == len(buf)
+}
+
+func alignedBuf(n int) []byte {
+	b := make([]byte, n+4096)
+	off := 4096 - int(uintptr(unsafe.Pointer(&b[0]))&4095)
+	return b[off : off+n]
+}
+
+func run(rounds int, rt time.Duration, sizeMiB, starts int) (err error) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if _, err := os.Stat("/dev/mapper/bench"); err == nil {
+		return errors.New("/dev/mapper/bench exists already")
+	}
+	work, err := os.MkdirTemp("", "dmfuse-dmsetup-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	b := &bench{bin: filepath.Join(work, "dmfuse"), dmsetup: filepath.Join(work, "dmsetup"), run: filepath.Join(work, "run")}
+	if out, err := exec.Command("go", "build", "-o", b.bin, "./cmd/dmfuse").CombinedOutput(); err != nil {
+		return fmt.Errorf("go build (run from the repository root): %v\n%s", err, out)
+	}
+	if err := os.Symlink(b.bin, b.dmsetup); err != nil {
+		return err
+	}
+	b.env = append(os.Environ(), "DMFUSE_RUN_DIR="+b.run)
+	tmpfs := filepath.Join(work, "tmpfs")
+	os.Mkdir(tmpfs, 0o755)
+	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, fmt.Sprintf("size=%dm", sizeMiB+16)); err != nil {
+		return fmt.Errorf("mount tmpfs: %w", err)
+	}
+	defer unix.Unmount(tmpfs, unix.MNT_DETACH)
+	b.img = filepath.Join(tmpfs, "bench.img")
+	b.sectors = int64(sizeMiB) << 11
+	if err := benchkit.Fill(b.img, int64(sizeMiB)<<20); err != nil {
+		return err
+	}
+	defer b.stop()
+
+	// Start-up.
+	buf := alignedBuf(4096)
+	var times []float64
+	for i := 0; i < starts && ctx.Err() == nil; i++ {
+		b.stop()
+		t0 := time.Now()
+		if err := b.create(); err != nil {
+			return err
+		}
+		for !usable("/dev/mapper/bench", buf) {
+			if time.Since(t0) > 10*time.Second {
+				return errors.New("/dev/mapper/bench not usable within 10 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		d := time.Since(t0)
+		times = append(times, float64(d.Microseconds())/1000)
+		fmt.Fprintf(os.Stderr, "start %d: %.1f ms\n", i+1, times[len(times)-1])
+	}
+
+	// I/O.
+	b.stop()
+	if err := b.create(); err != nil {
+		return err
+	}
+	file := filepath.Join(b.run, "mnt", "bench")
+	targets := []string{file, "/dev/mapper/bench"}
+	iops := map[string][]float64{}
+	ratios := map[string][]float64{}
+	for round := 0; round < rounds; round++ {
+		for _, j := range jobs {
+			got := map[string]float64{}
+			for k := range targets {
+				target := targets[(k+round)%2]
+				r, err := fio(ctx, target, j, rt)
+				if err != nil {
+					return err
+				}
+				got[target] = r
+				iops[j.name+target] = append(iops[j.name+target], r)
+				fmt.Fprintf(os.Stderr, "round %d %-15s %-40s %9.0f IOPS\n", round+1, j.name, target, r)
+			}
+			ratios[j.name] = append(ratios[j.name], got[targets[1]]/got[targets[0]])
+		}
+	}
+	fmt.Printf("kernel %s, fio %s, %d CPUs; %d MiB linear device over a tmpfs file; fio 4 KiB O_DIRECT, %d rounds x %v\n\n",
+		benchkit.Kernel(), benchkit.FioVersion(), numCPU(), sizeMiB, rounds, rt)
+	fmt.Println("| job | file MOUNT/bench IOPS | /dev/mapper/bench IOPS | ratio block/file (rounds' range) |")
+	fmt.Println("|---|---:|---:|---:|")
+	for _, j := range jobs {
+		r := ratios[j.name]
+		fmt.Printf("| %s | %.0f | %.0f | **%.2f** (%.2f-%.2f) |\n", j.name, benchkit.Median(iops[j.name+targets[0]]),
+			benchkit.Median(iops[j.name+targets[1]]), benchkit.Median(r), slices.Min(r), slices.Max(r))
+	}
+	fmt.Printf("\nfirst `dmsetup create` with no daemon until /dev/mapper/bench reads, %d starts: median %.1f ms, min %.1f ms, max %.1f ms\n",
+		len(times), benchkit.Median(times), slices.Min(times), slices.Max(times))
+	return nil
+}
+
+func numCPU() int {
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) != nil {
+		return 0
+	}
+	return set.Count()
+}
+
+// fio runs one job on target and returns its IOPS.
+func fio(ctx context.Context, target string, j job, rt time.Duration) (float64, error) {
+	cmd := exec.CommandContext(ctx, "fio", "--name="+j.rw, "--filename="+target, "--rw="+j.rw, "--bs=4k",
+		"--direct=1", "--ioengine="+j.engine, fmt.Sprintf("--iodepth=%d", j.iodepth), fmt.Sprintf("--numjobs=%d", j.jobs),
+		"--group_reporting", "--time_based", fmt.Sprintf("--runtime=%ds", int(rt.Seconds())), "--output-format=json")
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, fmt.Errorf("fio %s on %s: %v", j.name, target, err)
+	}
+	r, err := benchkit.ParseFio(out)
+	if err != nil {
+		return 0, err
+	}
+	if strings.HasPrefix(j.rw, "randwrite") {
+		return r.Write.IOPS, nil
+	}
+	return r.Read.IOPS, nil
+}
