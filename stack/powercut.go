@@ -21,12 +21,18 @@ import (
 // writes every cached write back to the device below, in the order the
 // writes arrived, and then flushes that device; a FUA write (WithFUA) reaches
 // the device before it completes. So the file system's own flush and FUA
-// protocol decides what survives a cut, as on real hardware. This is what
-// flakey's drop_writes is not: drop_writes drops every write from the moment
-// it is switched on and lets the flushes that follow succeed, so a test sees
-// data lost that fsync had acknowledged, a "corruption" that no disk
-// produces. After a powercut cut every I/O fails with EIO, flushes included,
-// until power_on, and what an acknowledged flush covered is on the device.
+// protocol decides what survives a cut, as on real hardware.
+//
+// This is what flakey's drop_writes is not. drop_writes drops every write
+// from the moment it is switched on and lets the flushes that follow
+// succeed: the file system carries on, and what it synced after the switch
+// is gone after a remount (files fsynced, renamed over or deleted come back
+// older, shorter or missing), a "corruption" that no disk produces; and it
+// never loses a write that completed before the switch, so the file
+// system's flush ordering is never put to the test. After a powercut cut
+// every I/O fails with EIO, flushes included, until power_on; what an
+// acknowledged flush covered is on the device, and exactly the writes no
+// flush covered are lost (or, with random and torn, partly kept).
 var Powercut = &TargetType{Name: "powercut", Version: [3]int{1, 0, 0}, New: newPowercut}
 
 // pcDefaultCacheSectors is the default cache bound: 32 MiB.
