@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
-	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
 	"github.com/dmfuse/dmfuse/stack"
@@ -252,12 +251,7 @@ func (c *DaemonCmd) Run() error {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath)
-	if err != nil {
-		return err
-	}
-	mgr := stack.NewManager(ctx, reg, stats.SystemClock)
+	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
 	stack.EnableDMStats(mgr)
 	defer mgr.RemoveAll()
 
