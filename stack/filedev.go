@@ -72,7 +72,12 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 	return d, nil
 }
 
-func (d *fileDev) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+func (d *fileDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if d.block {
+		// A block device's read sleeps until the disk answers; a regular
+		// file's is usually a copy from the page cache.
+		Waiting(ctx)
+	}
 	n := 0
 	for n < len(p) {
 		k, err := unix.Pread(d.fd, p[n:], off+int64(n))
@@ -97,6 +102,9 @@ func (d *fileDev) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 // RWF_DSYNC, so that it is on stable media when it returns.
 func (d *fileDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	fua := FUA(ctx)
+	if fua || d.block {
+		Waiting(ctx)
+	}
 	n := 0
 	for n < len(p) {
 		var k int
@@ -117,7 +125,8 @@ func (d *fileDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error)
 	return n, nil
 }
 
-func (d *fileDev) Flush(context.Context) error {
+func (d *fileDev) Flush(ctx context.Context) error {
+	Waiting(ctx)
 	for {
 		err := unix.Fdatasync(d.fd)
 		if err != unix.EINTR {
