@@ -1,0 +1,369 @@
+package uring
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// queue is one ring and its entries. One thread at a time leads it: it reaps
+// completions, answers requests inline and commits the replies, so that one
+// io_uring_enter both commits a reply and waits for the next request. Other
+// threads of the queue wait as standby.
+//
+// A request that is going to wait (stack.Waiting, through entry.Waiting) or
+// that has held the leader for longer than the watchdog allows gives up the
+// queue: a standby thread (a new one if none waits) becomes the leader at
+// once, and the old leader finishes the request, puts the entry on the
+// queue's list of finished entries, wakes the new leader to commit it, and
+// becomes a standby thread itself.
+type queue struct {
+	s     *Server
+	id    int
+	r     ring
+	mem   []byte
+	unmap bool // mem is a mapping of New's
+	ent   []entry
+
+	// Leader-only state.
+	pending  []*entry // requests reaped but not handled yet, from pendNext on
+	pendNext int
+	dead     int
+	seq      uint64 // sequence number of the last request handled inline
+	poll     poller
+
+	cur      atomic.Uint64 // sequence number of the leader's inline request; 0: none
+	curStart atomic.Int64  // when it started (Server.clock), for the watchdog
+	sleeping atomic.Int32
+	done     atomic.Pointer[entry] // entries answered off the leader
+	stopping atomic.Bool
+
+	// Hand-offs, by cause.
+	hinted, takenOver atomic.Uint64
+
+	mu      sync.Mutex
+	idle    int
+	threads int
+	standby chan struct{}
+	closed  bool
+}
+
+func newQueue(s *Server, id int, r ring, mem []byte) *queue {
+	q := &queue{s: s, id: id, r: r, mem: mem, standby: make(chan struct{}, 1<<16)}
+	q.ent = s.newEntries(q, mem)
+	q.pending = make([]*entry, 0, len(q.ent))
+	q.poll.init(s.cfg.Poll)
+	return q
+}
+
+func (q *queue) release() {
+	if q.r != nil {
+		q.r.close()
+		q.r = nil
+	}
+	if q.mem != nil && q.unmap {
+		unix.Munmap(q.mem)
+	}
+	q.mem = nil
+}
+
+// pin binds the calling thread to CPU cpu.
+func pin(cpu int) {
+	var set unix.CPUSet
+	set.Set(cpu)
+	unix.SchedSetaffinity(0, &set)
+}
+
+// thread is one OS thread of the queue. The goroutine stays locked to its
+// thread until it returns, so that the thread, pinned to the queue's CPU,
+// ends with it: io_uring cancels a thread's commands when the thread exits,
+// and nothing exits while the ring lives.
+func (q *queue) thread(leader bool, started chan<- error) {
+	runtime.LockOSThread()
+	pin(q.id)
+	defer q.s.wg.Done()
+	if started != nil {
+		err := q.r.register(q.ent)
+		started <- err
+		if err != nil {
+			q.exit()
+			return
+		}
+	}
+	for {
+		if !leader {
+			q.mu.Lock()
+			if q.closed {
+				q.mu.Unlock()
+				return
+			}
+			q.idle++
+			q.mu.Unlock()
+			if _, ok := <-q.standby; !ok {
+				return
+			}
+		}
+		if q.lead() {
+			leader = false
+			continue
+		}
+		q.exit()
+		return
+	}
+}
+
+// exit ends the queue: standby threads return and the ring is released
+// once every thread has.
+func (q *queue) exit() {
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		close(q.standby)
+	}
+	q.mu.Unlock()
+}
+
+// promote hands the queue to a standby thread, starting one if none waits.
+func (q *queue) promote() {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return
+	}
+	if q.idle > 0 {
+		q.idle--
+		q.mu.Unlock()
+		q.standby <- struct{}{}
+		return
+	}
+	q.threads++
+	q.s.wg.Add(1)
+	q.mu.Unlock()
+	go q.thread(true, nil)
+}
+
+// commit queues the reply held by e and re-arms e for the next request.
+func (q *queue) commit(e *entry) {
+	if !q.r.commit(e) {
+		q.dead++
+	}
+}
+
+// wake makes the leader look at its list of finished entries.
+func (q *queue) wake() {
+	if q.sleeping.CompareAndSwap(1, 0) {
+		q.r.wake()
+	}
+}
+
+// finished queues e, answered off the leader's thread, for commit.
+func (q *queue) finished(e *entry) {
+	for {
+		old := q.done.Load()
+		e.next = old
+		if q.done.CompareAndSwap(old, e) {
+			break
+		}
+	}
+	q.wake()
+}
+
+// reap moves completions into pending and returns how many requests arrived.
+func (q *queue) reap() int {
+	n := 0
+	for {
+		idx, res, ok := q.r.next()
+		if !ok {
+			return n
+		}
+		if idx >= uint64(len(q.ent)) {
+			continue
+		}
+		e := &q.ent[idx]
+		if res < 0 {
+			// ENOTCONN after an unmount, or a cancelled entry.
+			if res != -int32(unix.ENOTCONN) && res != -int32(unix.ENODEV) && res != -int32(unix.ECANCELED) {
+				q.s.cfg.Logf("io_uring queue %d: entry %d: %v", q.id, e.idx, unix.Errno(-res))
+			}
+			q.dead++
+			continue
+		}
+		q.pending = append(q.pending, e)
+		n++
+	}
+}
+
+// lead runs the queue until it ends (false) or until it hands the queue to
+// another thread because a request waits (true).
+func (q *queue) lead() bool {
+	for {
+		if d := q.done.Swap(nil); d != nil {
+			for e := d; e != nil; {
+				nx := e.next
+				e.next = nil
+				q.commit(e)
+				e = nx
+			}
+		}
+		if q.pendNext < len(q.pending) {
+			// Pop before handling: if the queue changes hands while
+			// e runs, the new leader owns exactly what is left.
+			e := q.pending[q.pendNext]
+			q.pendNext++
+			if q.pendNext == len(q.pending) {
+				q.pending, q.pendNext = q.pending[:0], 0
+			}
+			if q.handle(e) {
+				return true
+			}
+			if q.r.queued() >= 16 {
+				q.r.submit()
+			}
+			continue
+		}
+		if n := q.reap(); n > 0 {
+			q.poll.arrived(q.s.clock.Nanotime())
+			continue
+		}
+		if q.dead >= len(q.ent) || q.stopping.Load() {
+			return false
+		}
+		if w := q.poll.window(q.s.clock.Nanotime()); w > 0 {
+			if q.r.queued() > 0 {
+				q.r.submit()
+			}
+			if q.spin(w) {
+				continue
+			}
+		}
+		q.sleeping.Store(1)
+		if q.done.Load() != nil || q.stopping.Load() {
+			q.sleeping.Store(0)
+			continue
+		}
+		if err := q.r.wait(); err != nil {
+			q.s.cfg.Logf("io_uring queue %d: io_uring_enter: %v", q.id, err)
+			q.sleeping.Store(0)
+			return false
+		}
+		q.sleeping.Store(0)
+	}
+}
+
+// spin busy-polls the completion queue and the finished list for up to w
+// nanoseconds.
+func (q *queue) spin(w int64) bool {
+	end := q.s.clock.Nanotime() + w
+	for i := 0; ; i++ {
+		if q.r.ready() || q.done.Load() != nil || q.stopping.Load() {
+			return true
+		}
+		if i&63 == 63 && q.s.clock.Nanotime() > end {
+			return false
+		}
+	}
+}
+
+// handle answers one request inline. It reports whether the queue changed
+// hands while the request ran (the request waited, or the watchdog took
+// the queue over); the reply then goes to the new leader.
+func (q *queue) handle(e *entry) bool {
+	if e.prepare() {
+		q.s.renew(e)
+	}
+	q.seq++
+	e.seq = q.seq
+	q.curStart.Store(q.s.clock.Nanotime())
+	q.cur.Store(e.seq)
+	q.s.dog.busy()
+	e.dispatch(q.s.fs)
+	e.ended()
+	if !q.cur.CompareAndSwap(e.seq, 0) {
+		// Another thread now owns the ring: hand the reply to it.
+		q.finished(e)
+		return true
+	}
+	q.commit(e)
+	return false
+}
+
+// giveUp hands the queue to another thread if the request with sequence
+// number seq is the leader's inline request, and reports whether it was.
+func (q *queue) giveUp(seq uint64) bool {
+	if seq == 0 || !q.cur.CompareAndSwap(seq, 0) {
+		return false
+	}
+	q.promote()
+	return true
+}
+
+// Waiting implements stack.Waiter: the request held by e is about to wait,
+// so the queue goes to another thread now.
+func (e *entry) Waiting() {
+	if e.q.giveUp(e.seq) {
+		e.q.hinted.Add(1)
+	}
+}
+
+// poller decides how long the leader spins for the next request before it
+// sleeps (seed: dm's bio polling, which polls a queue only while I/O is
+// expected on it). In adaptive mode it keeps a moving average of the gaps
+// between the moment the queue ran dry and the next request, each gap
+// counted as at most 4 windows, and spins up to one window while that
+// average is below the window: a queue that answers a steady stream of
+// requests polls, one that sees requests rarely sleeps at once, and after
+// an idle period a few quick requests bring polling back.
+type poller struct {
+	mode  int8  // pollAdaptive, pollFixed or pollOff
+	win   int64 // the window, ns
+	avg   int64 // moving average of gaps, ns
+	dryAt int64 // when the queue last ran dry; 0: it has not since the last request
+}
+
+const (
+	pollAdaptive = iota
+	pollFixed
+	pollOff
+)
+
+func (p *poller) init(cfg time.Duration) {
+	switch {
+	case cfg < 0:
+		p.mode = pollOff
+	case cfg == 0:
+		p.mode, p.win = pollAdaptive, int64(DefaultPollWindow)
+	default:
+		p.mode, p.win = pollFixed, int64(cfg)
+	}
+	p.avg = 4 * p.win
+}
+
+// window returns how long to spin now that the queue ran dry at time now.
+func (p *poller) window(now int64) int64 {
+	switch p.mode {
+	case pollOff:
+		return 0
+	case pollFixed:
+		return p.win
+	}
+	if p.dryAt == 0 {
+		p.dryAt = now
+	}
+	if p.avg < p.win {
+		return p.win
+	}
+	return 0
+}
+
+// arrived records requests that arrived at time now.
+func (p *poller) arrived(now int64) {
+	if p.mode != pollAdaptive || p.dryAt == 0 {
+		return
+	}
+	gap := min(now-p.dryAt, 4*p.win)
+	p.avg += (gap - p.avg) / 4
+	p.dryAt = 0
+}
