@@ -376,35 +376,44 @@ func TestContextFUA(t *testing.T) {
 	}
 }
 
-// TestPoller: adaptive polling spins only while requests have been
-// arriving within the window.
+// TestPoller: adaptive polling polls while polls find work, and after two
+// misses in a row only every probeEvery-th time.
 func TestPoller(t *testing.T) {
 	var p poller
 	p.init(0)
 	w := int64(DefaultPollWindow)
-	now := int64(1)
-	if p.window(now) != 0 {
-		t.Error("polls before any request")
+	for range 10 {
+		if p.window() != w {
+			t.Fatal("no poll while polls hit")
+		}
+		p.polled(true)
 	}
-	// A stream of requests 5 us apart: polling starts within a few.
-	for range 8 {
-		now += 5000
-		p.arrived(now)
-		p.window(now)
+	p.window()
+	p.polled(false)
+	if p.window() != w {
+		t.Fatal("stopped after one miss")
 	}
-	if p.window(now) != w {
-		t.Errorf("no polling in a stream of quick requests (average gap %d ns)", p.avg)
+	p.polled(false)
+	polls := 0
+	for range 3 * probeEvery {
+		if p.window() > 0 {
+			polls++
+			p.polled(false)
+		}
 	}
-	// An idle second: polling stops.
-	p.arrived(now + 1e9)
-	now += 1e9
-	if p.window(now) != 0 {
-		t.Error("polls after an idle period")
+	if polls != 3 {
+		t.Errorf("%d polls in %d dry periods after misses, want 3", polls, 3*probeEvery)
+	}
+	for p.window() == 0 {
+	}
+	p.polled(true)
+	if p.window() != w {
+		t.Error("no polling after a poll found work")
 	}
 	var off, fixed poller
 	off.init(PollOff)
 	fixed.init(time.Millisecond)
-	if off.window(now) != 0 || fixed.window(now) != int64(time.Millisecond) {
+	if off.window() != 0 || fixed.window() != int64(time.Millisecond) {
 		t.Error("off or fixed polling")
 	}
 }

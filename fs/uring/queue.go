@@ -224,18 +224,19 @@ func (q *queue) lead() bool {
 			}
 			continue
 		}
-		if n := q.reap(); n > 0 {
-			q.poll.arrived(q.s.clock.Nanotime())
+		if q.reap() > 0 {
 			continue
 		}
 		if q.dead >= len(q.ent) || q.stopping.Load() {
 			return false
 		}
-		if w := q.poll.window(q.s.clock.Nanotime()); w > 0 {
+		if w := q.poll.window(); w > 0 {
 			if q.r.queued() > 0 {
 				q.r.submit()
 			}
-			if q.spin(w) {
+			hit := q.spin(w)
+			q.poll.polled(hit)
+			if hit {
 				continue
 			}
 		}
@@ -253,17 +254,21 @@ func (q *queue) lead() bool {
 	}
 }
 
-// spin busy-polls the completion queue and the finished list for up to w
-// nanoseconds.
+// spin polls the completion queue and the finished list for up to w
+// nanoseconds. Between looks it yields the CPU (sched_yield), so that a
+// thread that is ready to run on this CPU, often the application that
+// issues the requests, runs first: polling uses only a CPU nobody else
+// wants.
 func (q *queue) spin(w int64) bool {
 	end := q.s.clock.Nanotime() + w
-	for i := 0; ; i++ {
+	for {
 		if q.r.ready() || q.done.Load() != nil || q.stopping.Load() {
 			return true
 		}
-		if i&63 == 63 && q.s.clock.Nanotime() > end {
+		if q.s.clock.Nanotime() > end {
 			return false
 		}
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
 }
 
@@ -308,19 +313,18 @@ func (e *entry) Waiting() {
 	}
 }
 
-// poller decides how long the leader spins for the next request before it
-// sleeps (seed: dm's bio polling, which polls a queue only while I/O is
-// expected on it). In adaptive mode it keeps a moving average of the gaps
-// between the moment the queue ran dry and the next request, each gap
-// counted as at most 4 windows, and spins up to one window while that
-// average is below the window: a queue that answers a steady stream of
-// requests polls, one that sees requests rarely sleeps at once, and after
-// an idle period a few quick requests bring polling back.
+// poller decides how long the leader spins for its next request before it
+// sleeps. As dm's bio polling (seed: one poll flag per hardware queue, polled
+// only while I/O is expected on it), a queue polls only while work is
+// expected: while its polls find requests. After two polls in a row found
+// none, it polls only on every probeEvery-th time it runs dry, until a poll
+// finds a request again; an idle queue sleeps in io_uring_enter and does not
+// poll at all. Only the queue's leader polls its ring.
 type poller struct {
-	mode  int8  // pollAdaptive, pollFixed or pollOff
-	win   int64 // the window, ns
-	avg   int64 // moving average of gaps, ns
-	dryAt int64 // when the queue last ran dry; 0: it has not since the last request
+	mode   int8  // pollAdaptive, pollFixed or pollOff
+	win    int64 // the window, ns
+	misses int   // polls in a row that found nothing
+	skip   int   // times the queue ran dry without polling since the last poll
 }
 
 const (
@@ -328,6 +332,9 @@ const (
 	pollFixed
 	pollOff
 )
+
+// probeEvery is how often a queue whose polls keep missing polls anyway.
+const probeEvery = 32
 
 func (p *poller) init(cfg time.Duration) {
 	switch {
@@ -338,32 +345,30 @@ func (p *poller) init(cfg time.Duration) {
 	default:
 		p.mode, p.win = pollFixed, int64(cfg)
 	}
-	p.avg = 4 * p.win
 }
 
-// window returns how long to spin now that the queue ran dry at time now.
-func (p *poller) window(now int64) int64 {
+// window returns how long to spin now that the queue ran dry.
+func (p *poller) window() int64 {
 	switch p.mode {
 	case pollOff:
 		return 0
 	case pollFixed:
 		return p.win
 	}
-	if p.dryAt == 0 {
-		p.dryAt = now
+	if p.misses >= 2 {
+		if p.skip++; p.skip < probeEvery {
+			return 0
+		}
 	}
-	if p.avg < p.win {
-		return p.win
-	}
-	return 0
+	p.skip = 0
+	return p.win
 }
 
-// arrived records requests that arrived at time now.
-func (p *poller) arrived(now int64) {
-	if p.mode != pollAdaptive || p.dryAt == 0 {
-		return
+// polled records whether a poll found work.
+func (p *poller) polled(hit bool) {
+	if hit {
+		p.misses = 0
+	} else {
+		p.misses++
 	}
-	gap := min(now-p.dryAt, 4*p.win)
-	p.avg += (gap - p.avg) / 4
-	p.dryAt = 0
 }
