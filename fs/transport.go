@@ -173,7 +173,13 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 		// registration fail, which exercises the fallback.
 		payload = v
 	}
+	var setup uint32
+	if v, err := strconv.ParseUint(os.Getenv("DMFUSE_URING_SETUP"), 0, 32); err == nil {
+		// Only for experiments: extra IORING_SETUP_* flags.
+		setup = uint32(v)
+	}
 	return uring.New(uring.Config{
+		SetupFlags:  setup,
 		Depth:       o.URingDepth,
 		PayloadSize: payload,
 		Poll:        o.Poll,

@@ -58,6 +58,11 @@ type Config struct {
 	// request's context from: IOContext for every request, FUAContext for
 	// WRITEs with O_DSYNC (nil: context.Background()).
 	IOContext, FUAContext context.Context
+	// SetupFlags are io_uring setup flags (IORING_SETUP_*) added to the
+	// rings' for experiments. IORING_SETUP_SINGLE_ISSUER (and so
+	// DEFER_TASKRUN, which needs it) cannot work: a queue changes threads
+	// when a request waits, and every leader submits.
+	SetupFlags uint32
 	// Logf reports problems; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -136,7 +141,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	for i := range n {
-		r, err := newSysRing(i, uint32(2*cfg.Depth+2), 0)
+		r, err := newSysRing(i, uint32(2*cfg.Depth+2), cfg.SetupFlags)
 		if err != nil {
 			return fail(err)
 		}

@@ -8,7 +8,9 @@
 #   test/scripts/uring-fio.sh DMFUSE_BINARY ROUNDS RUNTIME IDLE VARIANT...
 #
 # VARIANT is loop, or dev, or uring, optionally followed by dmfuse mount
-# flags joined with commas: uring,--poll=0 or uring,--poll=50us. Jobs: 4k
+# flags joined with commas: uring,--poll=0 or uring,--poll=50us; a word
+# DMFUSE_...=VALUE among them goes to the daemon's environment
+# (uring,DMFUSE_URING_SETUP=0x100: IORING_SETUP_COOP_TASKRUN). Jobs: 4k
 # direct randread and randwrite at QD1 (psync) and 2 x QD32 (io_uring), or
 # the jobs named in $JOBS (qd1r qd1w q32r q32w).
 set -euo pipefail
@@ -51,10 +53,17 @@ for ((r = 1; r <= rounds; r++)); do
 		else
 			IFS=, read -r -a va <<<"$v"
 			t=${va[0]}
+			envs=() flags=()
+			for w in "${va[@]:1}"; do
+				case $w in
+				DMFUSE_*=*) envs+=("$w") ;;
+				*) flags+=("$w") ;;
+				esac
+			done
 			mnt=$work/mnt
 			mkdir -p "$mnt"
 			echo "lin,,,rw,0 524288 linear $img 0;" >"$work/conf"
-			XDG_STATE_HOME=$work/state "$bin" mount --config "$work/conf" --transport "$t" "${va[@]:1}" "$mnt" 2>"$work/log" &
+			env XDG_STATE_HOME="$work/state" "${envs[@]}" "$bin" mount --config "$work/conf" --transport "$t" "${flags[@]}" "$mnt" 2>"$work/log" &
 			pid=$!
 			for _ in $(seq 100); do [ -e "$mnt/lin" ] && break; sleep 0.1; done
 			file=$mnt/lin
