@@ -8,8 +8,8 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/dmfuse/dmfuse/stack"
