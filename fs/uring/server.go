@@ -282,6 +282,30 @@ func (s *Server) Wait() {
 	<-s.done
 }
 
+// Stats counts a Server's hand-offs: a queue going to another thread.
+type Stats struct {
+	// Waiting counts hand-offs because a request said it waits
+	// (stack.Waiting); Watchdog those because a request held a queue's
+	// thread for longer than the watchdog allows.
+	Waiting, Watchdog uint64
+	// Threads is the number of threads the queues have (leaders and
+	// standby); each waiting request holds one.
+	Threads int
+}
+
+// Stats returns the hand-off counts so far.
+func (s *Server) Stats() Stats {
+	var st Stats
+	for _, q := range s.queues {
+		st.Waiting += q.hinted.Load()
+		st.Watchdog += q.takenOver.Load()
+		q.mu.Lock()
+		st.Threads += q.threads
+		q.mu.Unlock()
+	}
+	return st
+}
+
 // Context returns the context for the device I/O of the ring request whose
 // cancel channel (the one the transport handed to the RawFileSystem) is
 // cancel: Config.IOContext, or FUAContext for a WRITE with O_DSYNC, carrying

@@ -10,7 +10,9 @@
 # VARIANT is loop, or dev, or uring, optionally followed by dmfuse mount
 # flags joined with commas: uring,--poll=0 or uring,--poll=50us; a word
 # DMFUSE_...=VALUE among them goes to the daemon's environment
-# (uring,DMFUSE_URING_SETUP=0x100: IORING_SETUP_COOP_TASKRUN). Jobs: 4k
+# (uring,DMFUSE_URING_SETUP=0x100: IORING_SETUP_COOP_TASKRUN), and a word
+# BIN=PATH runs another dmfuse binary. $TABLE is the device's table after
+# "0 524288 " with IMG for the tmpfs file (default: linear IMG 0). Jobs: 4k
 # direct randread and randwrite at QD1 (psync) and 2 x QD32 (io_uring), or
 # the jobs named in $JOBS (qd1r qd1w q32r q32w).
 set -euo pipefail
@@ -53,17 +55,19 @@ for ((r = 1; r <= rounds; r++)); do
 		else
 			IFS=, read -r -a va <<<"$v"
 			t=${va[0]}
-			envs=() flags=()
+			envs=() flags=() b=$bin
 			for w in "${va[@]:1}"; do
 				case $w in
 				DMFUSE_*=*) envs+=("$w") ;;
+				BIN=*) b=${w#BIN=} ;;
 				*) flags+=("$w") ;;
 				esac
 			done
 			mnt=$work/mnt
 			mkdir -p "$mnt"
-			echo "lin,,,rw,0 524288 linear $img 0;" >"$work/conf"
-			env XDG_STATE_HOME="$work/state" "${envs[@]}" "$bin" mount --config "$work/conf" --transport "$t" "${flags[@]}" "$mnt" 2>"$work/log" &
+			table=${TABLE:-linear IMG 0}
+			echo "lin,,,rw,0 524288 ${table//IMG/$img};" >"$work/conf"
+			env XDG_STATE_HOME="$work/state" "${envs[@]}" "$b" mount --config "$work/conf" --transport "$t" "${flags[@]}" "$mnt" 2>"$work/log" &
 			pid=$!
 			for _ in $(seq 100); do [ -e "$mnt/lin" ] && break; sleep 0.1; done
 			file=$mnt/lin
