@@ -85,10 +85,9 @@ type Options struct {
 	// URingDepth is the number of io_uring entries per queue (0: default).
 	URingDepth int
 	// Poll is how each io_uring queue's thread waits for its next
-	// request: 0 polls adaptively (spins up to uring.DefaultPollWindow
-	// while requests keep arriving closer together than that, sleeps at
-	// once otherwise), PollOff never spins, a positive value spins up to
-	// that long every time the queue runs dry.
+	// request: 0 polls adaptively (up to uring.DefaultPollWindow each time
+	// the queue runs dry, while its polls find requests), PollOff never
+	// polls, a positive value polls up to that long every time.
 	Poll time.Duration
 	// Logf receives the transport's log lines (nil: standard error).
 	Logf func(format string, args ...any)

@@ -2,8 +2,11 @@ package test
 
 import (
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"syscall"
@@ -183,8 +186,12 @@ func TestURingWaitingKeepsQueue(t *testing.T) {
 	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
 	sparseFile(t, filepath.Join(dir, "b.img"), 8<<20)
 	d := startDaemon(t, dir, "slow,,,rw,0 16384 delay ./a.img 0 60000;fast,,,rw,0 16384 linear ./b.img 0;",
-		"--transport", "uring")
+		"--transport", "uring", "--metrics-addr", "127.0.0.1:0")
 	mustLog(t, d, "transport io_uring")
+	m := regexp.MustCompile(`dmfuse: metrics on (http://\S+/metrics)\n`).FindStringSubmatch(d.stderr.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log: %s", d.stderr)
+	}
 	slow, fast := openDirect(t, d.path("slow")), openDirect(t, d.path("fast"))
 
 	slowDone := make(chan error, 1)
@@ -221,6 +228,16 @@ func TestURingWaitingKeepsQueue(t *testing.T) {
 	})
 	if fastErr != nil {
 		t.Fatalf("fast read %d: %v", n, fastErr)
+	}
+	// The delayed read handed its queue over because it said it waits.
+	resp, err := http.Get(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`(?m)^dmfuse_uring_handoffs_total\{cause="waiting"\} [1-9]`).Match(body) {
+		t.Errorf("no hand-off on waiting in the metrics:\n%s", regexp.MustCompile(`(?m)^dmfuse_uring.*$`).FindAll(body, -1))
 	}
 	select {
 	case err := <-slowDone:

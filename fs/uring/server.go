@@ -23,9 +23,8 @@ import (
 const (
 	// DefaultDepth is the number of entries per queue.
 	DefaultDepth = 32
-	// DefaultPollWindow is how long a queue spins for its next request in
-	// adaptive polling (Config.Poll 0), when requests have been arriving
-	// closer together than that.
+	// DefaultPollWindow is how long a queue polls for its next request in
+	// adaptive polling (Config.Poll 0).
 	DefaultPollWindow = 50 * time.Microsecond
 	// takeoverAfter is how long a request may hold a queue's thread,
 	// without saying it waits, before the watchdog hands the queue to
@@ -46,10 +45,10 @@ type Config struct {
 	// wants at least max(8192, max_write, max_pages x page size).
 	PayloadSize int
 	// Poll is how a queue's thread waits for its next request. 0 polls
-	// adaptively: it spins up to DefaultPollWindow while requests have
-	// been arriving closer together than the window, and sleeps at once
-	// otherwise, so an idle daemon burns no CPU. A positive value spins up
-	// to that long every time, PollOff never spins.
+	// adaptively: up to DefaultPollWindow each time the queue runs dry,
+	// while its polls find requests (see poller), so an idle daemon burns
+	// no CPU. A positive value polls up to that long every time, PollOff
+	// never polls.
 	Poll time.Duration
 	// Clock is the time source of the watchdog and of polling (nil: the
 	// monotonic clock).
