@@ -410,6 +410,14 @@ func TestPoller(t *testing.T) {
 	if p.window() != w {
 		t.Error("no polling after a poll found work")
 	}
+	// A deep queue (many requests between dry moments) does not poll.
+	p.burst = maxBurst + 1
+	if p.window() != 0 {
+		t.Error("polls a deep queue")
+	}
+	if p.window() != w {
+		t.Error("no poll once the queue is shallow again")
+	}
 	var off, fixed poller
 	off.init(PollOff)
 	fixed.init(time.Millisecond)

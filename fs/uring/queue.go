@@ -216,6 +216,7 @@ func (q *queue) lead() bool {
 			if q.pendNext == len(q.pending) {
 				q.pending, q.pendNext = q.pending[:0], 0
 			}
+			q.poll.burst++
 			if q.handle(e) {
 				return true
 			}
@@ -313,19 +314,28 @@ func (e *entry) Waiting() {
 	}
 }
 
-// poller decides how long the leader spins for its next request before it
+// poller decides how long the leader polls for its next request before it
 // sleeps. As dm's bio polling (seed: one poll flag per hardware queue, polled
-// only while I/O is expected on it), a queue polls only while work is
-// expected: while its polls find requests. After two polls in a row found
-// none, it polls only on every probeEvery-th time it runs dry, until a poll
-// finds a request again; an idle queue sleeps in io_uring_enter and does not
-// poll at all. Only the queue's leader polls its ring.
+// only while I/O is expected on it, the gain largest at low queue depth), a
+// queue polls only while work is expected and the queue is shallow: when it
+// ran dry after at most maxBurst requests, and while its polls find
+// requests. After two polls in a row found none, it polls only on every
+// probeEvery-th time it runs dry, until a poll finds a request again; an
+// idle queue sleeps in io_uring_enter and does not poll at all. A deep
+// queue (more requests between two dry moments) sleeps: its wake-ups are
+// shared by many requests, and a poller would take CPU time from the
+// application. Only the queue's leader polls its ring.
 type poller struct {
 	mode   int8  // pollAdaptive, pollFixed or pollOff
 	win    int64 // the window, ns
+	burst  int   // requests handled since the queue last ran dry
 	misses int   // polls in a row that found nothing
 	skip   int   // times the queue ran dry without polling since the last poll
 }
+
+// maxBurst is the most requests between two dry moments of a queue that
+// adaptive polling takes for a shallow queue.
+const maxBurst = 2
 
 const (
 	pollAdaptive = iota
@@ -354,6 +364,11 @@ func (p *poller) window() int64 {
 		return 0
 	case pollFixed:
 		return p.win
+	}
+	burst := p.burst
+	p.burst = 0
+	if burst > maxBurst {
+		return 0
 	}
 	if p.misses >= 2 {
 		if p.skip++; p.skip < probeEvery {
