@@ -315,9 +315,10 @@ func (e *entry) Waiting() {
 }
 
 // poller decides how long the leader polls for its next request before it
-// sleeps. As dm's bio polling (seed: one poll flag per hardware queue, polled
-// only while I/O is expected on it, the gain largest at low queue depth), a
-// queue polls only while work is expected and the queue is shallow: when it
+// sleeps. As dm's bio polling (one poller per hardware queue at a time,
+// polled only while I/O is expected on it, the gain largest at low queue
+// depth), a queue polls only while work is expected and the queue is
+// shallow: when it
 // ran dry after at most maxBurst requests, and while its polls find
 // requests. After two polls in a row found none, it polls only on every
 // probeEvery-th time it runs dry, until a poll finds a request again; an
