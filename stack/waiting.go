@@ -25,7 +25,8 @@ func WithWaiter(ctx context.Context, w Waiter) context.Context {
 // Waiting tells the transport of the request ctx belongs to that the request
 // is about to wait for longer than a round trip: the device gate holds it
 // (suspended device), delay queues it, multipath queues it without a path,
-// a backing block device or a flush is about to sleep. Call it just before
+// a backing block device, or a flush or durable write of a file on disk, is
+// about to sleep. Call it just before
 // blocking, and only on paths that block: a transport may hand over its
 // thread on every call. It does nothing for a context without a Waiter.
 func Waiting(ctx context.Context) {
