@@ -36,6 +36,7 @@ type queue struct {
 	poll     poller
 
 	cur      atomic.Uint64 // sequence number of the leader's inline request; 0: none
+	tid      atomic.Int32  // the leader's thread id
 	curStart atomic.Int64  // when it started (Server.clock), for the watchdog
 	sleeping atomic.Int32
 	done     atomic.Pointer[entry] // entries answered off the leader
@@ -83,7 +84,7 @@ func pin(cpu int) {
 // and nothing exits while the ring lives.
 func (q *queue) thread(leader bool, started chan<- error) {
 	runtime.LockOSThread()
-	pin(q.id)
+	pin(q.id) // registration runs here: bound before lead binds it
 	defer q.s.wg.Done()
 	if started != nil {
 		err := q.r.register(q.ent)
@@ -199,6 +200,12 @@ func (q *queue) reap() int {
 // lead runs the queue until it ends (false) or until it hands the queue to
 // another thread because a request waits (true).
 func (q *queue) lead() bool {
+	// Only the leader is bound to the queue's CPU: a thread that gave up
+	// the queue was unbound (giveUp), so that the requests waiting on such
+	// threads (a delay target's spin to its deadline) do not queue up for
+	// one CPU.
+	pin(q.id)
+	q.tid.Store(int32(unix.Gettid()))
 	for {
 		if d := q.done.Swap(nil); d != nil {
 			for e := d; e != nil; {
@@ -302,6 +309,7 @@ func (q *queue) giveUp(seq uint64) bool {
 	if seq == 0 || !q.cur.CompareAndSwap(seq, 0) {
 		return false
 	}
+	unix.SchedSetaffinity(int(q.tid.Load()), &q.s.cpus)
 	q.promote()
 	return true
 }

@@ -82,6 +82,8 @@ type Server struct {
 	byCancel atomic.Pointer[map[<-chan struct{}]*entry]
 	mu       sync.Mutex
 
+	cpus unix.CPUSet // the CPUs the process may run on, for threads that lead no queue
+
 	wg   sync.WaitGroup // queue threads
 	dog  *watchdog
 	done chan struct{}
@@ -177,6 +179,11 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 		cfg.FUAContext = cfg.IOContext
 	}
 	s := &Server{cfg: cfg, clock: cfg.Clock, fd: -1, done: make(chan struct{})}
+	if unix.SchedGetaffinity(0, &s.cpus) != nil {
+		for i := range runtime.NumCPU() {
+			s.cpus.Set(i)
+		}
+	}
 	if s.clock == nil {
 		s.clock = monotonic{}
 	}
