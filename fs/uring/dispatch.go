@@ -90,6 +90,8 @@ type entry struct {
 
 	commitID uint64
 	unique   uint64
+	nodeID   uint64
+	hinted   bool   // the request said it waits (set on the goroutine that runs it)
 	fua      bool   // a WRITE with O_DSYNC
 	seq      uint64 // the queue's sequence number of the request
 
@@ -161,6 +163,7 @@ func (e *entry) prepare() bool {
 	h := (*fuse.InHeader)(unsafe.Pointer(&e.in[0]))
 	e.commitID = *(*uint64)(unsafe.Pointer(&e.hdr[hdrCommitID]))
 	e.unique = h.Unique
+	e.nodeID = h.NodeId
 	op := h.Opcode
 	n := 0
 	if int(op) < len(opInSize) {
