@@ -3,7 +3,7 @@
 // daemon's mount, and how long the first `dmsetup create` takes when no
 // daemon runs.
 //
-//	go run ./test/bench/dmsetup [-rounds N] [-runtime D] [-size MIB] [-starts N] [-transport T]
+//	go run ./test/bench/dmsetup [-rounds N] [-runtime D] [-size MIB] [-starts N] [-transports T,...]
 //
 // It needs root, /dev/fuse, loop devices and fio; it installs nothing. It
 // builds dmfuse, links it as dmsetup in a private folder, and uses a
@@ -14,6 +14,11 @@
 // `dmsetup create bench --table "0 N linear FILE 0"` from the command's
 // start until a 4 KiB O_DIRECT read of /dev/mapper/bench succeeds, then
 // removes the device and stops the daemon.
+//
+// It does both for each transport of -transports (dev, uring, auto: the
+// daemon's DMFUSE_TRANSPORT). For uring it switches the fuse module's
+// enable_uring on for as long as each daemon takes to mount (a connection
+// keeps the transport it got at mount), and puts the old value back at once.
 //
 // I/O: with one daemon and the device bench, fio runs 4 KiB O_DIRECT
 // randread and randwrite at QD1 (psync, 1 job) and at 2 jobs x QD32
@@ -26,6 +31,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -65,11 +71,16 @@ func main() {
 	runtime := flag.Duration("runtime", 5*time.Second, "fio runtime of each run")
 	size := flag.Int("size", 256, "device size in MiB")
 	starts := flag.Int("starts", 10, "timed starts of the daemon")
-	transport := flag.String("transport", "dev", "the daemon's FUSE transport (DMFUSE_TRANSPORT: auto, uring or dev)")
+	transports := flag.String("transports", "dev,uring", "the daemon's FUSE transports, one after the other (DMFUSE_TRANSPORT: auto, uring or dev)")
 	flag.Parse()
-	if err := run(*rounds, *runtime, *size, *starts, *transport); err != nil {
-		fmt.Fprintln(os.Stderr, "dmsetup bench:", err)
-		os.Exit(1)
+	for i, transport := range strings.Split(*transports, ",") {
+		if i > 0 {
+			fmt.Println()
+		}
+		if err := run(*rounds, *runtime, *size, *starts, transport); err != nil {
+			fmt.Fprintln(os.Stderr, "dmsetup bench:", err)
+			os.Exit(1)
+		}
 	}
 }
 
@@ -78,6 +89,7 @@ type bench struct {
 	bin, dmsetup, run, img string
 	env                    []string
 	sectors                int64
+	uring                  bool
 }
 
 func (b *bench) cmd(name string, args ...string) error {
@@ -89,8 +101,33 @@ func (b *bench) cmd(name string, args ...string) error {
 	return nil
 }
 
+// create creates the device bench, which starts a daemon if none runs.
 func (b *bench) create() error {
+	if b.uring {
+		restore, err := enableURing()
+		if err != nil {
+			return err
+		}
+		defer restore()
+	}
 	return b.cmd(b.dmsetup, "create", "bench", "--table", fmt.Sprintf("0 %d linear %s 0", b.sectors, b.img))
+}
+
+// uringParam is the fuse module parameter that offers FUSE over io_uring
+// to new connections.
+const uringParam = "/sys/module/fuse/parameters/enable_uring"
+
+// enableURing switches enable_uring on and returns what puts the old value
+// back.
+func enableURing() (func(), error) {
+	old, err := os.ReadFile(uringParam)
+	if err != nil {
+		return nil, fmt.Errorf("io_uring transport: %w (this kernel has no FUSE over io_uring)", err)
+	}
+	if err := os.WriteFile(uringParam, []byte("Y"), 0); err != nil {
+		return nil, fmt.Errorf("switching on %s: %w", uringParam, err)
+	}
+	return func() { os.WriteFile(uringParam, bytes.TrimSpace(old), 0) }, nil
 }
 
 // stop removes every device and stops the daemon.
@@ -135,6 +172,7 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 		return err
 	}
 	b.env = append(os.Environ(), "DMFUSE_RUN_DIR="+b.run, "DMFUSE_TRANSPORT="+transport)
+	b.uring = transport == "uring"
 	tmpfs := filepath.Join(work, "tmpfs")
 	os.Mkdir(tmpfs, 0o755)
 	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, fmt.Sprintf("size=%dm", sizeMiB+16)); err != nil {
@@ -169,8 +207,8 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 	}
 
 	if rounds == 0 {
-		fmt.Printf("first `dmsetup create` with no daemon until /dev/mapper/bench reads, %d starts: median %.1f ms, min %.1f ms, max %.1f ms\n",
-			len(times), benchkit.Median(times), slices.Min(times), slices.Max(times))
+		fmt.Printf("transport %s: first `dmsetup create` with no daemon until /dev/mapper/bench reads, %d starts: median %.1f ms, min %.1f ms, max %.1f ms\n",
+			transport, len(times), benchkit.Median(times), slices.Min(times), slices.Max(times))
 		return nil
 	}
 
@@ -178,6 +216,15 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 	b.stop()
 	if err := b.create(); err != nil {
 		return err
+	}
+	// What the daemon says it got.
+	var got string
+	if log, err := os.ReadFile(filepath.Join(b.run, "daemon.log")); err == nil {
+		for _, l := range strings.Split(string(log), "\n") {
+			if i := strings.Index(l, "dmfuse: transport "); i >= 0 {
+				got = l[i+len("dmfuse: "):]
+			}
+		}
 	}
 	file := filepath.Join(b.run, "mnt", "bench")
 	targets := []string{file, "/dev/mapper/bench"}
@@ -203,8 +250,8 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
-	fmt.Printf("kernel %s, fio %s, %d CPUs, load average %s at the end; transport %s; %d MiB linear device over a tmpfs file; fio 4 KiB O_DIRECT, %d rounds x %v\n\n",
-		benchkit.Kernel(), benchkit.FioVersion(), numCPU(), load, transport, sizeMiB, rounds, rt)
+	fmt.Printf("kernel %s, fio %s, %d CPUs, load average %s at the end; DMFUSE_TRANSPORT=%s (daemon: %q); %d MiB linear device over a tmpfs file; fio 4 KiB O_DIRECT, %d rounds x %v\n\n",
+		benchkit.Kernel(), benchkit.FioVersion(), numCPU(), load, transport, got, sizeMiB, rounds, rt)
 	fmt.Println("| job | file MOUNT/bench IOPS | /dev/mapper/bench IOPS | ratio block/file (rounds' range) |")
 	fmt.Println("|---|---:|---:|---:|")
 	for _, j := range jobs {
@@ -212,8 +259,8 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 		fmt.Printf("| %s | %.0f | %.0f | **%.2f** (%.2f-%.2f) |\n", j.name, benchkit.Median(iops[j.name+targets[0]]),
 			benchkit.Median(iops[j.name+targets[1]]), benchkit.Median(r), slices.Min(r), slices.Max(r))
 	}
-	fmt.Printf("\nfirst `dmsetup create` with no daemon until /dev/mapper/bench reads, %d starts: median %.1f ms, min %.1f ms, max %.1f ms\n",
-		len(times), benchkit.Median(times), slices.Min(times), slices.Max(times))
+	fmt.Printf("\ntransport %s: first `dmsetup create` with no daemon until /dev/mapper/bench reads, %d starts: median %.1f ms, min %.1f ms, max %.1f ms\n",
+		transport, len(times), benchkit.Median(times), slices.Min(times), slices.Max(times))
 	return nil
 }
 
