@@ -42,8 +42,8 @@ import (
 // defaultRunDir is the system instance's folder.
 const defaultRunDir = "/run/dmfuse"
 
-// startTimeout bounds how long a command waits for a daemon it started.
-const startTimeout = 10 * time.Second
+// startTimeout bounds how long a command waits for a daemon to serve.
+var startTimeout = 10 * time.Second
 
 // system is the system instance of one run folder.
 type system struct{ dir string }
@@ -122,7 +122,7 @@ func (s system) cleanup(w func(string)) {
 // serves; without start it returns nil.
 func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	if s.running() {
-		return s.ready()
+		return s.ready(false)
 	}
 	if _, err := os.Stat(s.dir); errors.Is(err, os.ErrNotExist) && !start {
 		return nil, nil
@@ -133,7 +133,7 @@ func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	}
 	defer lock.Close()
 	if s.running() {
-		return s.ready()
+		return s.ready(true)
 	}
 	s.cleanup(warn)
 	if !start {
@@ -200,8 +200,9 @@ func (s system) start() error {
 // ready returns a caller for a running daemon once it answers on its
 // socket. One that has just started holds its lock before it listens, and
 // the command that started it holds the start lock until it listens: so
-// wait for that lock, and poll only for a daemon started by hand.
-func (s system) ready() (*socketCaller, error) {
+// wait for that lock (unless the caller holds it: locked), and poll only
+// for a daemon started by hand or one that is stopping.
+func (s system) ready(locked bool) (*socketCaller, error) {
 	dial := func() bool {
 		c, err := net.Dial("unix", s.socket())
 		if err == nil {
@@ -212,8 +213,13 @@ func (s system) ready() (*socketCaller, error) {
 	if dial() {
 		return &socketCaller{s.socket()}, nil
 	}
-	if lock, err := s.lockStart(); err == nil {
-		lock.Close()
+	if !locked {
+		if lock, err := s.lockStart(); err == nil {
+			lock.Close()
+			if dial() {
+				return &socketCaller{s.socket()}, nil
+			}
+		}
 	}
 	deadline := time.Now().Add(startTimeout)
 	for wait := time.Millisecond; !dial() && s.running() && time.Now().Before(deadline); wait = min(2*wait, 20*time.Millisecond) {
