@@ -22,12 +22,13 @@
 //
 // I/O: with one daemon and the device bench, fio runs 4 KiB O_DIRECT
 // randread and randwrite at QD1 (psync, 1 job) and at 2 jobs x QD32
-// (libaio), on
-// the device's file (MOUNT/bench) and on /dev/mapper/bench, in -rounds
-// interleaved rounds (the target that goes first alternates). It prints
-// the median IOPS of each and the median over the rounds of the per-round
-// ratio block/file, with the smallest and largest. Everything it set up is torn down on exit, on error
-// and on SIGINT or SIGTERM.
+// (libaio), on the device's file (MOUNT/bench) and on /dev/mapper/bench, in
+// -rounds interleaved rounds (the target that goes first alternates). It
+// prints the median IOPS of each and the median over the rounds of the
+// per-round ratio block/file, with the smallest and largest; and, per I/O,
+// the machine's context switches and BLOCK softirqs during each run, which
+// show what the loop device adds. Everything it set up is torn down on
+// exit, on error and on SIGINT or SIGTERM.
 package main
 
 import (
@@ -229,19 +230,22 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 	file := filepath.Join(b.run, "mnt", "bench")
 	targets := []string{file, "/dev/mapper/bench"}
 	iops := map[string][]float64{}
+	perIO := map[string][]result{}
 	ratios := map[string][]float64{}
 	for round := 0; round < rounds; round++ {
 		for _, j := range jobs {
 			got := map[string]float64{}
 			for k := range targets {
 				target := targets[(k+round)%2]
-				r, err := fio(ctx, target, j, rt)
+				res, err := fio(ctx, target, j, rt)
 				if err != nil {
 					return err
 				}
-				got[target] = r
-				iops[j.name+target] = append(iops[j.name+target], r)
-				fmt.Fprintf(os.Stderr, "round %d %-15s %-40s %9.0f IOPS\n", round+1, j.name, target, r)
+				got[target] = res.iops
+				iops[j.name+target] = append(iops[j.name+target], res.iops)
+				perIO[j.name+target] = append(perIO[j.name+target], res)
+				fmt.Fprintf(os.Stderr, "round %d %-15s %-40s %9.0f IOPS, %.2f context switches and %.2f BLOCK softirqs per I/O\n",
+					round+1, j.name, target, res.iops, res.cs, res.softirqs)
 			}
 			ratios[j.name] = append(ratios[j.name], got[targets[1]]/got[targets[0]])
 		}
@@ -259,6 +263,23 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 		fmt.Printf("| %s | %.0f | %.0f | **%.2f** (%.2f-%.2f) |\n", j.name, benchkit.Median(iops[j.name+targets[0]]),
 			benchkit.Median(iops[j.name+targets[1]]), benchkit.Median(r), slices.Min(r), slices.Max(r))
 	}
+	median := func(rs []result, f func(result) float64) float64 {
+		var v []float64
+		for _, r := range rs {
+			v = append(v, f(r))
+		}
+		return benchkit.Median(v)
+	}
+	cs := func(r result) float64 { return r.cs }
+	si := func(r result) float64 { return r.softirqs }
+	fmt.Println("\nPer I/O, medians over the rounds (the whole machine's counts, so other processes' count too):")
+	fmt.Println()
+	fmt.Println("| job | file: context switches | block: context switches | file: BLOCK softirqs | block: BLOCK softirqs |")
+	fmt.Println("|---|---:|---:|---:|---:|")
+	for _, j := range jobs {
+		f, b := perIO[j.name+targets[0]], perIO[j.name+targets[1]]
+		fmt.Printf("| %s | %.2f | %.2f | %.2f | %.2f |\n", j.name, median(f, cs), median(b, cs), median(f, si), median(b, si))
+	}
 	fmt.Printf("\ntransport %s: first `dmsetup create` with no daemon until /dev/mapper/bench reads, %d starts: median %.1f ms, min %.1f ms, max %.1f ms\n",
 		transport, len(times), benchkit.Median(times), slices.Min(times), slices.Max(times))
 	return nil
@@ -272,21 +293,56 @@ func numCPU() int {
 	return set.Count()
 }
 
-// fio runs one job on target and returns its IOPS.
-func fio(ctx context.Context, target string, j job, rt time.Duration) (float64, error) {
+// kernelCounts are the machine's context switches (/proc/stat ctxt) and
+// BLOCK softirqs (/proc/softirqs, all CPUs) so far.
+func kernelCounts() (cs, blockSoftirqs float64) {
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) == 2 && f[0] == "ctxt" {
+				fmt.Sscan(f[1], &cs)
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/softirqs"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 1 && f[0] == "BLOCK:" {
+				for _, v := range f[1:] {
+					var n float64
+					fmt.Sscan(v, &n)
+					blockSoftirqs += n
+				}
+			}
+		}
+	}
+	return cs, blockSoftirqs
+}
+
+// result is one fio run: IOPS, and the machine's context switches and
+// BLOCK softirqs per I/O during it (IOPS x runtime I/Os; other processes'
+// count too).
+type result struct{ iops, cs, softirqs float64 }
+
+// fio runs one job on target.
+func fio(ctx context.Context, target string, j job, rt time.Duration) (result, error) {
 	cmd := exec.CommandContext(ctx, "fio", "--name="+j.rw, "--filename="+target, "--rw="+j.rw, "--bs=4k",
 		"--direct=1", "--ioengine="+j.engine, fmt.Sprintf("--iodepth=%d", j.iodepth), fmt.Sprintf("--numjobs=%d", j.jobs),
 		"--group_reporting", "--time_based", fmt.Sprintf("--runtime=%ds", int(rt.Seconds())), "--output-format=json")
+	cs0, si0 := kernelCounts()
 	out, err := cmd.Output()
+	cs1, si1 := kernelCounts()
 	if err != nil {
-		return 0, fmt.Errorf("fio %s on %s: %v", j.name, target, err)
+		return result{}, fmt.Errorf("fio %s on %s: %v", j.name, target, err)
 	}
 	r, err := benchkit.ParseFio(out)
 	if err != nil {
-		return 0, err
+		return result{}, err
 	}
+	res := result{iops: r.Read.IOPS}
 	if strings.HasPrefix(j.rw, "randwrite") {
-		return r.Write.IOPS, nil
+		res.iops = r.Write.IOPS
 	}
-	return r.Read.IOPS, nil
+	if ios := res.iops * rt.Seconds(); ios > 0 {
+		res.cs, res.softirqs = (cs1-cs0)/ios, (si1-si0)/ios
+	}
+	return res, nil
 }
