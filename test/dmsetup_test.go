@@ -70,6 +70,18 @@ func newDmsetupEnv(t *testing.T) *dmsetupEnv {
 	}
 	e := &dmsetupEnv{t: t, dir: dir, run: filepath.Join(dir, "run"), prefix: dmsetupPrefix()}
 	e.env = append(os.Environ(), "DMFUSE_RUN_DIR="+e.run, "PATH="+bin+":"+os.Getenv("PATH"), "LC_ALL=C")
+	// Last of all: no loop device over a file of the test is left, the
+	// test's own (detached, or set to detach at last close, by their
+	// cleanups) or the daemon's.
+	t.Cleanup(func() {
+		for deadline := time.Now().Add(5 * time.Second); len(loopsOf(dir)) > 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("loop devices left: %v", loopsOf(dir))
+				detachLoops(dir)
+				return
+			}
+		}
+	})
 	t.Cleanup(e.cleanup)
 	return e
 }
