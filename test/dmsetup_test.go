@@ -40,8 +40,9 @@ type dmsetupEnv struct {
 }
 
 // dmsetupPrefix returns a device name prefix of its own for each test: the
-// nodes are in the one /dev/mapper of the machine, which concurrent runs of
-// these tests (two checkouts, go test -count=2 -p ...) share.
+// nodes are in the one /dev/mapper of the machine, which every run of these
+// tests shares (two checkouts running CI at once, a second go test while
+// one runs, a run after one that was killed).
 func dmsetupPrefix() string {
 	var b [4]byte
 	if _, err := rand.Read(b[:]); err != nil {
