@@ -3,10 +3,12 @@ package stack
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,6 +62,15 @@ type powercut struct {
 	hasLimit bool
 
 	wb sync.RWMutex
+	// Owned by the holder of wb (exclusive): writeBack's batch and errors,
+	// and the writers that help it.
+	wbBatch [pcWriteBackBatch]*pcEntry
+	wbErrs  [pcWriteBackBatch]error
+	wbJobs  chan pcJob
+	wbWait  sync.WaitGroup
+	wbOnce  sync.Once
+	// reserved is what this cache added to the runtime's memory limit.
+	reserved int64
 
 	down    atomic.Bool  // written under mu
 	ncached atomic.Int64 // mirrors count, so that reads of an empty cache skip mu
@@ -316,6 +327,7 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 		return nil, err
 	}
 	p.dev, p.start, p.off = r.Dev, r.Off, r.Off/SectorSize
+	p.reserved = pcReserve(p.limit * SectorSize)
 	p.mu.lastMode = "none"
 	p.mu.idx.init()
 	p.mu.room.L = &p.mu.Mutex
@@ -571,32 +583,117 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 // as it goes.
 const pcWriteBackBatch = 32
 
-// writeBack writes the k oldest entries to the device in order, dropping
-// them from the cache pcWriteBackBatch at a time. The caller holds wb
-// exclusively: nothing else takes entries off the head of the list.
+// pcWriters is how many goroutines write one batch back: entries of a batch
+// that do not overlap reach the device concurrently, as a disk's cache
+// destages in any order, so that a write-back goes as fast as concurrent
+// writes would. Overlapping entries keep their order.
+const pcWriters = 4
+
+// pcJob is one writer's share of a batch: entries first, first+stride, ...
+// of run, whose errors go to errs at the same indexes.
+type pcJob struct {
+	ctx           context.Context
+	run           []*pcEntry
+	errs          []error
+	first, stride int
+}
+
+// writeBack writes the k oldest entries to the device, dropping them from
+// the cache pcWriteBackBatch at a time. The caller holds wb exclusively:
+// nothing else takes entries off the head of the list, and p.wbBatch and
+// p.wbErrs are its own.
 func (p *powercut) writeBack(ctx context.Context, k int64) error {
 	for k > 0 {
+		n := int(min(k, pcWriteBackBatch))
+		batch := p.wbBatch[:n]
 		p.mu.Lock()
-		first := p.mu.head
+		e := p.mu.head
 		p.mu.Unlock()
-		n := min(k, pcWriteBackBatch)
-		var err error
-		done := int64(0)
-		for e := first; ; e = e.next {
-			if err = p.writeEntry(ctx, e, e.end-e.off); err != nil {
-				break
-			}
-			if done++; done == n {
-				break
+		// The next of the last entry taken may change meanwhile (add
+		// appends under mu); the others' are fixed.
+		for i := range n {
+			batch[i] = e
+			if i+1 < n {
+				e = e.next
 			}
 		}
-		p.drop(done)
-		if err != nil {
+		done := p.writeBatch(ctx, batch)
+		p.drop(int64(done))
+		clear(batch)
+		if done < n {
+			err := p.wbErrs[done]
+			clear(p.wbErrs[:n])
 			return err
 		}
-		k -= done
+		k -= int64(n)
 	}
 	return nil
+}
+
+// writeBatch writes batch to the device, in runs of entries none of which
+// overlaps another of its run, each run by up to pcWriters goroutines, and
+// returns how many entries, from the first, were written without error
+// (the errors are in p.wbErrs).
+func (p *powercut) writeBatch(ctx context.Context, batch []*pcEntry) int {
+	errs := p.wbErrs[:len(batch)]
+	for s := 0; s < len(batch); {
+		t := s + 1
+	grow:
+		for ; t < len(batch); t++ {
+			for _, o := range batch[s:t] {
+				if o.off < batch[t].end && batch[t].off < o.end {
+					break grow
+				}
+			}
+		}
+		p.writeRun(ctx, batch[s:t], errs[s:t])
+		for i := s; i < t; i++ {
+			if errs[i] != nil {
+				return i
+			}
+		}
+		s = t
+	}
+	return len(batch)
+}
+
+// writeRun writes the entries of run, which do not overlap, concurrently.
+func (p *powercut) writeRun(ctx context.Context, run []*pcEntry, errs []error) {
+	w := min(pcWriters, len(run))
+	if w > 1 {
+		p.startWriters()
+		p.wbWait.Add(w - 1)
+		for i := 1; i < w; i++ {
+			p.wbJobs <- pcJob{ctx: ctx, run: run, errs: errs, first: i, stride: w}
+		}
+	}
+	p.writeShare(pcJob{ctx: ctx, run: run, errs: errs, first: 0, stride: w})
+	if w > 1 {
+		p.wbWait.Wait()
+	}
+}
+
+// writeShare writes one writer's share of a run.
+func (p *powercut) writeShare(j pcJob) {
+	for i := j.first; i < len(j.run); i += j.stride {
+		j.errs[i] = p.writeEntry(j.ctx, j.run[i], j.run[i].end-j.run[i].off)
+	}
+}
+
+// startWriters starts the pcWriters-1 goroutines that help writeRun, the
+// first time a run needs them; Close stops them.
+func (p *powercut) startWriters() {
+	p.wbOnce.Do(func() {
+		p.wbJobs = make(chan pcJob)
+		for range pcWriters - 1 {
+			go func() {
+				for j := range p.wbJobs {
+					p.writeShare(j)
+					p.wbWait.Done()
+				}
+			}()
+		}
+	})
 }
 
 // drop takes the k oldest entries, written back, off the cache and frees
@@ -828,10 +925,39 @@ func (p *powercut) Status(t StatusType) string {
 func (p *powercut) Close() error {
 	p.wb.Lock()
 	defer p.wb.Unlock()
-	if p.down.Load() {
-		return nil
+	var err error
+	if !p.down.Load() {
+		err = p.writeBackAllLocked(context.Background())
 	}
-	return p.writeBackAllLocked(context.Background())
+	if p.wbJobs != nil {
+		close(p.wbJobs)
+	}
+	pcReserve(-p.reserved)
+	p.reserved = 0
+	return err
+}
+
+// pcMemLimit serializes the changes powercut makes to the runtime's memory
+// limit.
+var pcMemLimit sync.Mutex
+
+// pcReserve adds n bytes (negative: takes them back) to the Go runtime's
+// soft memory limit, when one is set, and returns what it added. A cache
+// lives on the heap: without its room in the limit, a full cache would
+// leave the daemon's other memory (request buffers) no headroom and the
+// collector would run without pause.
+func pcReserve(n int64) int64 {
+	if n == 0 {
+		return 0
+	}
+	pcMemLimit.Lock()
+	defer pcMemLimit.Unlock()
+	cur := debug.SetMemoryLimit(-1)
+	if cur == math.MaxInt64 {
+		return 0
+	}
+	debug.SetMemoryLimit(max(cur+n, 0))
+	return n
 }
 
 // pcChunkShift sets the span of one index chunk: 1 MiB.

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -235,4 +236,47 @@ func ParseFio(out []byte) (*FioJob, error) {
 		return nil, errors.New("cannot parse fio output: no jobs")
 	}
 	return &r.Jobs[0], nil
+}
+
+// CPUTicks returns the utime+stime of process pid in clock ticks (fields 14
+// and 15 of /proc/PID/stat), or 0 when it cannot be read.
+func CPUTicks(pid int) int64 {
+	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(s[bytes.LastIndexByte(s, ')')+1:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st
+}
+
+// TicksPerSec is USER_HZ, the unit of CPUTicks.
+const TicksPerSec = 100
+
+// FioRandWrite runs fio 4 KiB random writes with O_DIRECT on dev for rt,
+// with extra arguments (engine, depth, jobs, fsync), and returns the write
+// IOPS.
+func FioRandWrite(ctx context.Context, dev string, rt time.Duration, extra ...string) (float64, error) {
+	args := append([]string{"--name=randwrite", "--filename=" + dev, "--rw=randwrite", "--bs=4k", "--direct=1",
+		"--group_reporting", "--time_based", fmt.Sprintf("--runtime=%ds", int(rt.Seconds())), "--output-format=json"}, extra...)
+	out, err := exec.CommandContext(ctx, "fio", args...).Output()
+	if err != nil {
+		return 0, fmt.Errorf("fio %s: %v", strings.Join(extra, " "), err)
+	}
+	j, err := ParseFio(out)
+	if err != nil {
+		return 0, err
+	}
+	return j.Write.IOPS, nil
+}
+
+// Ctl runs `bin --control sock args...` (a dmfuse control command) and
+// returns its output.
+func Ctl(bin, sock string, args ...string) (string, error) {
+	out, err := exec.Command(bin, append([]string{"--control", sock}, args...)...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("dmfuse %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
 }

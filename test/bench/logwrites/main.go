@@ -109,21 +109,8 @@ type bench struct {
 	xfstests          string
 }
 
-// cpuTicks returns the daemon's utime+stime in clock ticks (fields 14 and
-// 15 of /proc/PID/stat).
-func (b *bench) cpuTicks() int64 {
-	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(s[bytes.LastIndexByte(s, ')')+1:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st
-}
-
-// ticksPerSec is USER_HZ, the unit of /proc/PID/stat's times.
-const ticksPerSec = 100
+// cpuTicks returns the daemon's CPU time in clock ticks.
+func (b *bench) cpuTicks() int64 { return benchkit.CPUTicks(b.pid) }
 
 func (b *bench) run(w io.Writer) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -187,13 +174,7 @@ func (b *bench) run(w io.Writer) (err error) {
 }
 
 // ctl runs a dmfuse control command.
-func (b *bench) ctl(args ...string) (string, error) {
-	out, err := exec.Command(b.bin, append([]string{"--control", b.sock}, args...)...).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("dmfuse %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
-}
+func (b *bench) ctl(args ...string) (string, error) { return benchkit.Ctl(b.bin, b.sock, args...) }
 
 func (b *bench) createLW() error { return b.createLWOver(b.data, b.sectors) }
 
@@ -227,17 +208,7 @@ func (b *bench) removeLW() (time.Duration, uint64, error) {
 
 // fio runs one job on dev and returns its write IOPS.
 func (b *bench) fio(dev string, rt time.Duration, extra ...string) (float64, error) {
-	args := append([]string{"--name=lw", "--filename=" + dev, "--rw=randwrite", "--bs=4k", "--direct=1",
-		"--group_reporting", "--time_based", fmt.Sprintf("--runtime=%ds", int(rt.Seconds())), "--output-format=json"}, extra...)
-	out, err := exec.CommandContext(b.ctx, "fio", args...).Output()
-	if err != nil {
-		return 0, fmt.Errorf("fio %s: %v", strings.Join(extra, " "), err)
-	}
-	j, err := benchkit.ParseFio(out)
-	if err != nil {
-		return 0, err
-	}
-	return j.Write.IOPS, nil
+	return benchkit.FioRandWrite(b.ctx, dev, rt, extra...)
 }
 
 func (b *bench) recording(w io.Writer) error {
@@ -267,7 +238,7 @@ func (b *bench) recording(w io.Writer) error {
 				}
 				got[onLW] = r
 				setup := map[bool]string{false: "/base", true: "/lw"}[onLW]
-				cpuUs[j.title+setup] = append(cpuUs[j.title+setup], float64(b.cpuTicks()-c0)/ticksPerSec*1e6/(r*b.rt.Seconds()))
+				cpuUs[j.title+setup] = append(cpuUs[j.title+setup], float64(b.cpuTicks()-c0)/benchkit.TicksPerSec*1e6/(r*b.rt.Seconds()))
 				if onLW {
 					td, n, err := b.removeLW()
 					if err != nil {
