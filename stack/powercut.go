@@ -504,7 +504,7 @@ func (p *powercut) destage(ctx context.Context) error {
 		}
 	}
 	p.mu.Unlock()
-	return p.writeBack(ctx, k)
+	return p.writeBack(ctx, k, true)
 }
 
 // writeThrough writes e, larger than the cache, to the device after every
@@ -575,7 +575,7 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 	}
 	k := p.mu.count
 	p.mu.Unlock()
-	return p.writeBack(ctx, k)
+	return p.writeBack(ctx, k, false)
 }
 
 // pcWriteBackBatch is how many written-back entries leave the cache at a
@@ -583,10 +583,11 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 // as it goes.
 const pcWriteBackBatch = 32
 
-// pcWriters is how many goroutines write one batch back: entries of a batch
-// that do not overlap reach the device concurrently, as a disk's cache
-// destages in any order, so that a write-back goes as fast as concurrent
-// writes would. Overlapping entries keep their order.
+// pcWriters is how many goroutines write one batch of a destage back:
+// entries of a batch that do not overlap reach the device concurrently, as
+// a disk's cache destages in any order, so that the writes held up by a full
+// cache wait no longer than concurrent writes to the device would take.
+// Overlapping entries keep their order.
 const pcWriters = 4
 
 // pcJob is one writer's share of a batch: entries first, first+stride, ...
@@ -599,10 +600,12 @@ type pcJob struct {
 }
 
 // writeBack writes the k oldest entries to the device, dropping them from
-// the cache pcWriteBackBatch at a time. The caller holds wb exclusively:
-// nothing else takes entries off the head of the list, and p.wbBatch and
-// p.wbErrs are its own.
-func (p *powercut) writeBack(ctx context.Context, k int64) error {
+// the cache pcWriteBackBatch at a time: in arrival order, or, when
+// concurrent is set (a destage), each batch in runs of entries that do not
+// overlap, written concurrently. The caller holds wb exclusively: nothing
+// else takes entries off the head of the list, and p.wbBatch and p.wbErrs
+// are its own.
+func (p *powercut) writeBack(ctx context.Context, k int64, concurrent bool) error {
 	for k > 0 {
 		n := int(min(k, pcWriteBackBatch))
 		batch := p.wbBatch[:n]
@@ -617,7 +620,17 @@ func (p *powercut) writeBack(ctx context.Context, k int64) error {
 				e = e.next
 			}
 		}
-		done := p.writeBatch(ctx, batch)
+		done := n
+		if concurrent {
+			done = p.writeBatch(ctx, batch)
+		} else {
+			for i, e := range batch {
+				if p.wbErrs[i] = p.writeEntry(ctx, e, e.end-e.off); p.wbErrs[i] != nil {
+					done = i
+					break
+				}
+			}
+		}
 		p.drop(int64(done))
 		clear(batch)
 		if done < n {

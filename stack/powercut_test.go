@@ -6,10 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/logwrites"
 )
 
 const pcSector = stack.SectorSize
@@ -325,7 +328,10 @@ func TestPowercutBound(t *testing.T) {
 		t.Fatalf("16 sectors in a 16-sector cache sent %v", l)
 	}
 	pcB.write(fill(16, pcSector), 16*pcSector)
-	if l := devB.take(); strings.Join(l, ",") != "w 0 512,w 512 512,w 1024 512" {
+	// A destage writes entries that do not overlap in any order.
+	l := devB.take()
+	slices.Sort(l)
+	if strings.Join(l, ",") != "w 0 512,w 1024 512,w 512 512" {
 		t.Fatalf("the 17th sector sent %v, want the three oldest (down to 14 sectors)", l)
 	}
 
@@ -1101,5 +1107,198 @@ func TestPowercutReadRetries(t *testing.T) {
 		make([]byte, 6*pcSector), fill('n', pcSector), make([]byte, pcSector)}, nil)
 	if reads != 4 || !bytes.Equal(got, want) {
 		t.Fatalf("%d device reads; read differs at byte %d", reads, firstDiffPC(got, want))
+	}
+}
+
+// TestPowercutOverFlakey stacks powercut over flakey targets that are down
+// for good: cached writes never reach flakey and read back from the cache;
+// over error_writes the flush that writes them back fails with EIO and
+// keeps them cached; over drop_writes the flush succeeds and flakey drops
+// them, so the memory device never sees them.
+func TestPowercutOverFlakey(t *testing.T) {
+	for _, c := range []struct {
+		feature string
+		flush   error
+		dirty   string
+	}{
+		{"error_writes", syscall.EIO, "0+8 write\n"},
+		{"drop_writes", nil, "no cached writes"},
+	} {
+		t.Run(c.feature, func(t *testing.T) {
+			mem := newPCRecDev("mem", 256)
+			fl, err := stack.Flakey.New(pcCtor(256, mem), stack.SplitArgs("mem 0 0 1 1 "+c.feature))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fl.Close()
+			pc := newPC(t, pcTargetDev{fl, "fl", mem.Size()}, "")
+			pc.write(fill('a', 4096), 0)
+			got := make([]byte, 4096)
+			if _, err := pc.ReadAt(context.Background(), got, 0); err != nil || !bytes.Equal(got, fill('a', 4096)) {
+				t.Fatalf("read of a cached write over a down flakey: %v", err)
+			}
+			if err := pc.Target.(stack.Flusher).Flush(context.Background()); !errors.Is(err, c.flush) || (c.flush == nil) != (err == nil) {
+				t.Fatalf("flush: %v, want %v", err, c.flush)
+			}
+			if d := pc.msg("dirty"); d != c.dirty {
+				t.Errorf("dirty after the flush: %q, want %q", d, c.dirty)
+			}
+			if l := mem.take(); len(l) != 0 {
+				t.Errorf("the memory device under a down flakey got %v", l)
+			}
+			if !bytes.Equal(mem.Bytes()[:4096], make([]byte, 4096)) {
+				t.Error("the memory device under a down flakey changed")
+			}
+		})
+	}
+}
+
+// TestPowercutOverLogWrites builds, through a Manager, a powercut device
+// over a log-writes device over a backing file: the log records what
+// reached the disk, so it holds the FUA write at once, a cached write only
+// when a flush wrote it back (before that flush), and nothing of a write a
+// cut lost.
+func TestPowercutOverLogWrites(t *testing.T) {
+	dir := pcFileDir(t)
+	img, logImg := filepath.Join(dir, "img"), filepath.Join(dir, "log")
+	for _, f := range []string{img, logImg} {
+		if err := os.WriteFile(f, make([]byte, 1<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := stack.NewRegistry(stack.LogWrites, stack.Powercut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := stack.NewManager(context.Background(), reg, nil)
+	defer m.RemoveAll()
+	for _, c := range []struct{ name, table string }{
+		{"lw", "0 2048 log-writes " + img + " " + logImg},
+		{"pc", "0 2048 powercut lw 0"},
+	} {
+		if _, err := m.Create(stack.CreateOptions{Name: c.name, Minor: -1, Table: c.table}); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+	}
+	pc := m.Lookup("pc")
+	ctx := context.Background()
+	if _, err := pc.WriteAt(ctx, fill('a', 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pc.WriteAt(stack.WithFUA(ctx), fill('f', 4096), 65536); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pc.WriteAt(ctx, fill('u', 4096), 8192); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Message(ctx, "pc", 0, []string{"power_cut"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Remove("pc"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Remove("lw"); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(logImg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := logwrites.Open(f, 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for r.More() {
+		e, err := r.Next(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d+%d %s", e.Sector, e.NrSectors, logwrites.FlagNames(e.Flags)))
+		if err := r.SkipData(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{"128+8 FUA", "0+8 NONE", "0+0 FLUSH", "0+0 MARK"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("log entries %q, want %q", got, want)
+	}
+	data, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(data[:4096], fill('a', 4096)) || !bytes.Equal(data[8192:12288], make([]byte, 4096)) {
+		t.Error("the data file does not hold what the flush made durable (and only that)")
+	}
+}
+
+// TestPowercutDestageOrder: a destage writes entries that overlap in the
+// order they arrived, though it writes those that do not concurrently, so
+// that the device ends with the newest data.
+func TestPowercutDestageOrder(t *testing.T) {
+	for round := range 50 {
+		dev := newPCRecDev("mem", 128)
+		pc := newPC(t, dev, "2 cache_sectors 64")
+		// Writes 0-7 go to sector 0, the others each to its own sector;
+		// the 65th crosses the bound and destages down to 56 sectors:
+		// writes 0-8.
+		for i := range 65 {
+			off := int64(i) * pcSector
+			if i < 8 {
+				off = 0
+			}
+			pc.write(fill(byte(i+1), pcSector), off)
+		}
+		n := 0
+		for _, l := range dev.take() {
+			if strings.HasPrefix(l, "w 0 ") {
+				n++
+			}
+		}
+		if n != 8 {
+			t.Fatalf("round %d: %d writes to sector 0 reached the device, want 8", round, n)
+		}
+		if got := dev.Bytes()[0]; got != 8 {
+			t.Fatalf("round %d: sector 0 holds write %d after the destage, want 8 (the newest): overlapping writes were reordered", round, got)
+		}
+	}
+}
+
+// TestPowercutMemoryLimit: while a powercut target lives, the runtime's soft
+// memory limit, when one is set, has room for its cache on top; Close takes
+// it back. Without a limit nothing changes.
+func TestPowercutMemoryLimit(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(old)
+	debug.SetMemoryLimit(64 << 20)
+	dev := stack.NewMemDevice("mem", 64*pcSector)
+	a, err := stack.Powercut.New(pcCtor(64, dev), []string{"mem", "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := stack.Powercut.New(pcCtor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors 2048"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := debug.SetMemoryLimit(-1), int64(64<<20+32<<20+1<<20); got != want {
+		t.Errorf("memory limit with a 32 MiB and a 1 MiB cache: %d, want %d", got, want)
+	}
+	a.Close()
+	b.Close()
+	if got := debug.SetMemoryLimit(-1); got != 64<<20 {
+		t.Errorf("memory limit after Close: %d, want %d", got, 64<<20)
+	}
+	debug.SetMemoryLimit(math.MaxInt64)
+	c, err := stack.Powercut.New(pcCtor(64, dev), []string{"mem", "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("no memory limit became %d", got)
 	}
 }
