@@ -1153,62 +1153,20 @@ func TestPowercutOverFlakey(t *testing.T) {
 	}
 }
 
-// TestPowercutOverLogWrites builds, through a Manager, a powercut device
-// over a log-writes device over a backing file: the log records what
-// reached the disk, so it holds the FUA write at once, a cached write only
-// when a flush wrote it back (before that flush), and nothing of a write a
-// cut lost.
-func TestPowercutOverLogWrites(t *testing.T) {
-	dir := pcFileDir(t)
-	img, logImg := filepath.Join(dir, "img"), filepath.Join(dir, "log")
-	for _, f := range []string{img, logImg} {
-		if err := os.WriteFile(f, make([]byte, 1<<20), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	reg, err := stack.NewRegistry(stack.LogWrites, stack.Powercut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
-	for _, c := range []struct{ name, table string }{
-		{"lw", "0 2048 log-writes " + img + " " + logImg},
-		{"pc", "0 2048 powercut lw 0"},
-	} {
-		if _, err := m.Create(stack.CreateOptions{Name: c.name, Minor: -1, Table: c.table}); err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-	}
-	pc := m.Lookup("pc")
-	ctx := context.Background()
-	if _, err := pc.WriteAt(ctx, fill('a', 4096), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pc.WriteAt(stack.WithFUA(ctx), fill('f', 4096), 65536); err != nil {
-		t.Fatal(err)
-	}
-	if err := pc.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pc.WriteAt(ctx, fill('u', 4096), 8192); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Message(ctx, "pc", 0, []string{"power_cut"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Remove("pc"); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Remove("lw"); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(logImg)
+// pcLogEntries lists the entries of the log-writes log in file path:
+// "<sector>+<sectors> <flags>".
+func pcLogEntries(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	r, err := logwrites.Open(f, 1<<20, 0)
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := logwrites.Open(f, st.Size(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1223,17 +1181,121 @@ func TestPowercutOverLogWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := []string{"128+8 FUA", "0+8 NONE", "0+0 FLUSH", "0+0 MARK"}
-	if strings.Join(got, ",") != strings.Join(want, ",") {
-		t.Errorf("log entries %q, want %q", got, want)
+	return got
+}
+
+// pcLogStack creates, through a Manager, devices over the files img and
+// log of 1 MiB each (in a new folder) from tables in which IMG and LOG
+// stand for their paths, in order.
+func pcLogStack(t *testing.T, tables ...[2]string) (m *stack.Manager, img, logImg string) {
+	dir := pcFileDir(t)
+	img, logImg = filepath.Join(dir, "img"), filepath.Join(dir, "log")
+	for _, f := range []string{img, logImg} {
+		if err := os.WriteFile(f, make([]byte, 1<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
+	reg, err := stack.NewRegistry(stack.LogWrites, stack.Powercut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = stack.NewManager(context.Background(), reg, nil)
+	t.Cleanup(func() { m.RemoveAll() })
+	for _, c := range tables {
+		table := strings.NewReplacer("IMG", img, "LOG", logImg).Replace(c[1])
+		if _, err := m.Create(stack.CreateOptions{Name: c[0], Minor: -1, Table: table}); err != nil {
+			t.Fatalf("%s: %v", c[0], err)
+		}
+	}
+	return m, img, logImg
+}
+
+// pcLogWorkload writes through dev: a cached write at 0, a FUA write at
+// 64 KiB, a flush, a write at 8 KiB that no flush covers; then cuts pc's
+// power and removes the devices, top first.
+func pcLogWorkload(t *testing.T, m *stack.Manager, dev string, remove ...string) {
+	t.Helper()
+	d := m.Lookup(dev)
+	ctx := context.Background()
+	if _, err := d.WriteAt(ctx, fill('a', 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WriteAt(stack.WithFUA(ctx), fill('f', 4096), 65536); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WriteAt(ctx, fill('u', 4096), 8192); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Message(ctx, "pc", 0, []string{"power_cut"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range remove {
+		if err := m.Remove(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// pcCheckDurable checks that img holds the flushed and the FUA write, and
+// not the write no flush covered.
+func pcCheckDurable(t *testing.T, img string) {
+	t.Helper()
 	data, err := os.ReadFile(img)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(data[:4096], fill('a', 4096)) || !bytes.Equal(data[8192:12288], make([]byte, 4096)) {
-		t.Error("the data file does not hold what the flush made durable (and only that)")
+	if !bytes.Equal(data[:4096], fill('a', 4096)) || !bytes.Equal(data[65536:69632], fill('f', 4096)) ||
+		!bytes.Equal(data[8192:12288], make([]byte, 4096)) {
+		t.Error("the data file does not hold what the flush and the FUA write made durable (and only that)")
 	}
+}
+
+// TestPowercutOverLogWrites: powercut over log-writes over a file. The log
+// records what reached the disk: the FUA write at once, the cached write
+// only when the flush wrote it back (before the flush), and nothing of the
+// write the cut lost.
+func TestPowercutOverLogWrites(t *testing.T) {
+	m, img, logImg := pcLogStack(t, [2]string{"lw", "0 2048 log-writes IMG LOG"}, [2]string{"pc", "0 2048 powercut lw 0"})
+	pcLogWorkload(t, m, "pc", "pc", "lw")
+	want := []string{"128+8 FUA", "0+8 NONE", "0+0 FLUSH", "0+0 MARK"}
+	if got := pcLogEntries(t, logImg); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("log entries %q, want %q", got, want)
+	}
+	pcCheckDurable(t, img)
+}
+
+// TestPowercutUnderLogWrites: log-writes over powercut over a file. The log
+// records what the file system sent, the write the cut lost too; the file
+// holds only what powercut made durable.
+func TestPowercutUnderLogWrites(t *testing.T) {
+	dir := pcFileDir(t)
+	logImg := filepath.Join(dir, "log2")
+	if err := os.WriteFile(logImg, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, img, _ := pcLogStack(t, [2]string{"pc", "0 2048 powercut IMG 0"}, [2]string{"lw", "0 2048 log-writes pc " + logImg})
+	pcLogWorkload(t, m, "lw")
+	if st := m.Lookup("pc").FormatTable(stack.StatusInfo, false); st != "0 2048 powercut down cached 0 0 flushes 1 fua 1 destaged 1 cuts 1 last_cut all seed -\n" {
+		t.Errorf("pc status: %q", st)
+	}
+	if _, err := m.Message(context.Background(), "pc", 0, []string{"power_on"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"lw", "pc"} {
+		if err := m.Remove(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// log-writes logs a FUA write at once and plain writes at the next
+	// flush (or its removal).
+	want := []string{"128+8 FUA", "0+8 NONE", "0+0 FLUSH", "16+8 NONE", "0+0 MARK"}
+	if got := pcLogEntries(t, logImg); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("log entries %q, want %q", got, want)
+	}
+	pcCheckDurable(t, img)
 }
 
 // TestPowercutDestageOrder: a destage writes entries that overlap in the
