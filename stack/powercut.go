@@ -96,10 +96,12 @@ type powercut struct {
 		lastSeed uint64
 
 		// destaging is set while a write destages for all: writes that
-		// find the cache over its bound meanwhile wait on room, which
-		// each batch of the write-back signals, instead of queueing on
-		// wb for the whole write-back.
+		// find the cache over its bound meanwhile carry on, unless it
+		// holds more than pcHard of the bound; those wait on room, which
+		// each batch of the write-back signals when the cache is back
+		// under that, instead of queueing on wb for the whole write-back.
 		destaging bool
+		waiters   int // writes waiting on room
 		room      sync.Cond
 	}
 }
@@ -249,7 +251,9 @@ func pcFreeEntry(e *pcEntry) {
 // The cache holds writes, discards and write-zeroes, each counted by the
 // sectors it touches. When it holds more than the bound, the oldest entries
 // are written back at once, until it holds at most 7/8 of the bound, as a
-// real cache destages (the write that crossed the bound waits for that); a
+// real cache destages (the write that crossed the bound waits for that;
+// the writes that come meanwhile wait only while the cache holds more than
+// 9/8 of the bound); a
 // destage writes entries that do not overlap concurrently, in any order
 // among them, and those that overlap in the order they arrived. A request
 // larger than the bound is written through, after every cached entry (so
@@ -463,19 +467,27 @@ func (p *powercut) add(ctx context.Context, e *pcEntry) error {
 	return nil
 }
 
-// makeRoom returns once the cache is within its bound: at once if it is,
-// else after another write's destage made room, else after destaging
-// itself.
+// hard is how many sectors the cache may hold while a write destages: 9/8
+// of the bound.
+func (p *powercut) hard() int64 { return p.limit + p.limit/8 }
+
+// makeRoom returns at once if the cache is within its bound; else, while
+// another write destages, at once if the cache is within 9/8 of its bound,
+// else once that destage has brought it back there; else after destaging
+// itself. The writes that come while one destages thus go on as long as
+// the write-back keeps up, and wake once each when it does not.
 func (p *powercut) makeRoom(ctx context.Context) error {
 	p.mu.Lock()
-	for p.mu.sectors > p.limit && p.mu.destaging && !p.down.Load() {
+	for p.mu.sectors > p.hard() && p.mu.destaging && !p.down.Load() {
+		p.mu.waiters++
 		p.mu.room.Wait()
+		p.mu.waiters--
 	}
 	switch {
 	case p.down.Load():
 		p.mu.Unlock()
 		return syscall.EIO
-	case p.mu.sectors <= p.limit:
+	case p.mu.sectors <= p.limit || p.mu.destaging:
 		p.mu.Unlock()
 		return nil
 	}
@@ -735,7 +747,9 @@ func (p *powercut) drop(k int64) {
 	p.mu.sectors -= sectors
 	p.mu.gen++
 	p.ncached.Store(p.mu.count)
-	p.mu.room.Broadcast()
+	if p.mu.waiters > 0 && p.mu.sectors <= p.hard() {
+		p.mu.room.Broadcast()
+	}
 	p.mu.Unlock()
 	p.destaged.Add(uint64(k))
 	for e = first; k > 0; k-- {
