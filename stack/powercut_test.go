@@ -953,6 +953,17 @@ func TestPowercutAllocs(t *testing.T) {
 	if a := testing.AllocsPerRun(200, cycle); a > 0.5 {
 		t.Errorf("%.1f allocations per 16 writes, a read and a flush; want none", a)
 	}
+	// Past the bound: destages, whose batches go to the helping writers.
+	small := newPC(t, dev, "2 cache_sectors 64")
+	destage := func() {
+		for i := range int64(64) {
+			small.WriteAt(ctx, b, (i%48)*4096)
+		}
+	}
+	destage()
+	if a := testing.AllocsPerRun(100, destage); a > 0.5 {
+		t.Errorf("%.1f allocations per 64 writes through a 64-sector cache; want none", a)
+	}
 }
 
 // FuzzPowercut builds a powercut target from arbitrary parameters and sends
