@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -279,4 +280,37 @@ func Ctl(bin, sock string, args ...string) (string, error) {
 		return "", fmt.Errorf("dmfuse %s: %v: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// Job is one fio job of a table: its title and the arguments it adds.
+type Job struct {
+	Title string
+	Args  []string
+}
+
+// RandWriteJobs are the write jobs that measure what a target costs against
+// the same stack without it, for FioRandWrite: psync QD1 and libaio 2 jobs
+// x QD32, each without flushes and with an fsync every 32 writes.
+var RandWriteJobs = []Job{
+	{"randwrite psync QD1", []string{"--ioengine=psync", "--iodepth=1", "--numjobs=1"}},
+	{"randwrite psync QD1, fsync/32", []string{"--ioengine=psync", "--iodepth=1", "--numjobs=1", "--fsync=32"}},
+	{"randwrite libaio 2x32", []string{"--ioengine=libaio", "--iodepth=32", "--numjobs=2"}},
+	{"randwrite libaio 2x32, fsync/32", []string{"--ioengine=libaio", "--iodepth=32", "--numjobs=2", "--fsync=32"}},
+}
+
+// Main runs run, which writes its tables to w, printing them and, when out
+// is not empty, writing them to the file out too; on an error it prints
+// "NAME bench: ERROR" and exits with status 1.
+func Main(name, out string, run func(w io.Writer) error) {
+	var res bytes.Buffer
+	if err := run(io.MultiWriter(os.Stdout, &res)); err != nil {
+		fmt.Fprintf(os.Stderr, "%s bench: %v\n", name, err)
+		os.Exit(1)
+	}
+	if out != "" {
+		if err := os.WriteFile(out, res.Bytes(), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 }

@@ -29,7 +29,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -49,19 +48,6 @@ import (
 	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 )
 
-// job is one fio job of the table.
-type job struct {
-	title string
-	args  []string
-}
-
-var jobs = []job{
-	{"randwrite psync QD1", []string{"--ioengine=psync", "--iodepth=1", "--numjobs=1"}},
-	{"randwrite psync QD1, fsync/32", []string{"--ioengine=psync", "--iodepth=1", "--numjobs=1", "--fsync=32"}},
-	{"randwrite libaio 2x32", []string{"--ioengine=libaio", "--iodepth=32", "--numjobs=2"}},
-	{"randwrite libaio 2x32, fsync/32", []string{"--ioengine=libaio", "--iodepth=32", "--numjobs=2", "--fsync=32"}},
-}
-
 func main() {
 	pairs := flag.Int("pairs", 5, "interleaved rounds")
 	rt := flag.Duration("runtime", 10*time.Second, "fio runtime of each run")
@@ -71,17 +57,7 @@ func main() {
 	out := flag.String("out", "", "also write the table to this file")
 	flag.Parse()
 	b := &bench{pairs: *pairs, rt: *rt, sizeMiB: *size, cache: *cache, transport: *transport}
-	var res bytes.Buffer
-	if err := b.run(io.MultiWriter(os.Stdout, &res)); err != nil {
-		fmt.Fprintln(os.Stderr, "powercut bench:", err)
-		os.Exit(1)
-	}
-	if *out != "" {
-		if err := os.WriteFile(*out, res.Bytes(), 0o644); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-	}
+	benchkit.Main("powercut", *out, b.run)
 }
 
 type bench struct {
@@ -177,18 +153,18 @@ func (b *bench) measure(ctx context.Context, w io.Writer) error {
 	cached := map[string][]float64{}
 	t0 := time.Now()
 	for round := range b.pairs {
-		for _, j := range jobs {
+		for _, j := range benchkit.RandWriteJobs {
 			var got [2]float64
 			for k := range 2 {
 				d := (k + round) % 2
 				dev := filepath.Join(b.mnt, names[d])
 				c0 := benchkit.CPUTicks(b.pid)
-				r, err := benchkit.FioRandWrite(ctx, dev, b.rt, j.args...)
+				r, err := benchkit.FioRandWrite(ctx, dev, b.rt, j.Args...)
 				if err != nil {
 					return err
 				}
 				got[d] = r
-				key := j.title + "/" + names[d]
+				key := j.Title + "/" + names[d]
 				iops[key] = append(iops[key], r)
 				cpuUs[key] = append(cpuUs[key], float64(benchkit.CPUTicks(b.pid)-c0)/benchkit.TicksPerSec*1e6/(r*b.rt.Seconds()))
 				if d == 1 {
@@ -200,29 +176,29 @@ func (b *bench) measure(ctx context.Context, w io.Writer) error {
 					if i := strings.Index(st, " cached "); i >= 0 {
 						fmt.Sscanf(st[i:], " cached %d %d", &n, &s)
 					}
-					cached[j.title] = append(cached[j.title], float64(s)/2048)
+					cached[j.Title] = append(cached[j.Title], float64(s)/2048)
 					took, err := flush(dev)
 					if err != nil {
 						return fmt.Errorf("fsync pc: %w", err)
 					}
-					wb[j.title] = append(wb[j.title], took.Seconds()*1000)
+					wb[j.Title] = append(wb[j.Title], took.Seconds()*1000)
 				}
-				fmt.Fprintf(os.Stderr, "round %d %-32s %-3s %9.0f IOPS\n", round+1, j.title, names[d], r)
+				fmt.Fprintf(os.Stderr, "round %d %-32s %-3s %9.0f IOPS\n", round+1, j.Title, names[d], r)
 			}
-			ratios[j.title] = append(ratios[j.title], got[1]/got[0])
+			ratios[j.Title] = append(ratios[j.Title], got[1]/got[0])
 		}
 	}
 	fmt.Fprintf(w, "fio 4 KiB randwrite, O_DIRECT, %d rounds x %v per device, devices interleaved (order flipped every round); took %v; load average at the end: %s.\n\n",
 		b.pairs, b.rt, time.Since(t0).Round(time.Second), loadavg())
 	fmt.Fprintln(w, "| job | linear IOPS | powercut IOPS | ratio pc/linear (min-max) | daemon CPU µs/write linear | powercut | cached at the end (MiB) | write-back fsync (ms) |")
 	fmt.Fprintln(w, "|---|---:|---:|---|---:|---:|---:|---:|")
-	for _, j := range jobs {
-		r := ratios[j.title]
-		fmt.Fprintf(w, "| %s | %.0f | %.0f | **%.3f** (%.2f-%.2f) | %.1f | %.1f | %.1f | %.1f |\n", j.title,
-			benchkit.Median(iops[j.title+"/lin"]), benchkit.Median(iops[j.title+"/pc"]),
+	for _, j := range benchkit.RandWriteJobs {
+		r := ratios[j.Title]
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | **%.3f** (%.2f-%.2f) | %.1f | %.1f | %.1f | %.1f |\n", j.Title,
+			benchkit.Median(iops[j.Title+"/lin"]), benchkit.Median(iops[j.Title+"/pc"]),
 			benchkit.Median(r), slices.Min(r), slices.Max(r),
-			benchkit.Median(cpuUs[j.title+"/lin"]), benchkit.Median(cpuUs[j.title+"/pc"]),
-			benchkit.Median(cached[j.title]), benchkit.Median(wb[j.title]))
+			benchkit.Median(cpuUs[j.Title+"/lin"]), benchkit.Median(cpuUs[j.Title+"/pc"]),
+			benchkit.Median(cached[j.Title]), benchkit.Median(wb[j.Title]))
 	}
 	fmt.Fprintln(w)
 	return nil
