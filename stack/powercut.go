@@ -97,7 +97,7 @@ type powercut struct {
 
 		// destaging is set while a write destages for all: writes that
 		// find the cache over its bound meanwhile carry on, unless it
-		// holds more than pcHard of the bound; those wait on room, which
+		// holds more than 9/8 of the bound (hard); those wait on room, which
 		// each batch of the write-back signals when the cache is back
 		// under that, instead of queueing on wb for the whole write-back.
 		destaging bool
@@ -251,18 +251,18 @@ func pcFreeEntry(e *pcEntry) {
 // The cache holds writes, discards and write-zeroes, each counted by the
 // sectors it touches. When it holds more than the bound, the oldest entries
 // are written back at once, until it holds at most 7/8 of the bound, as a
-// real cache destages (the write that crossed the bound waits for that;
-// the writes that come meanwhile wait only while the cache holds more than
-// 9/8 of the bound); a
-// destage writes entries that do not overlap concurrently, in any order
-// among them, and those that overlap in the order they arrived. A request
-// larger than the bound is written through, after every cached entry (so
-// cache_sectors 0 is a disk without a volatile cache). The cache lives in
-// the daemon's memory: while the target lives, the Go runtime's soft memory
-// limit (dmfuse mount --memory-limit), when one is set, is raised by the
-// bound, so that a full cache does not starve the rest of the daemon. A suspend writes the whole cache
-// back, as dm-writecache does (so that a new table never loses it); a power
-// state belongs to one table and a new table starts powered on with an empty
+// real cache destages (the write that crossed the bound waits for that; the
+// writes that come meanwhile wait only while the cache holds more than 9/8
+// of the bound); a destage writes entries that do not overlap concurrently,
+// in any order among them, and those that overlap in the order they
+// arrived. A request larger than the bound is written through, after every
+// cached entry (so cache_sectors 0 is a disk without a volatile cache). The
+// cache lives in the daemon's memory: while the target lives, the Go
+// runtime's soft memory limit (dmfuse mount --memory-limit), when one is
+// set, is raised by the bound, so that a full cache does not starve the
+// rest of the daemon. A suspend writes the whole cache back, as
+// dm-writecache does (so that a new table never loses it); a power state
+// belongs to one table and a new table starts powered on with an empty
 // cache.
 //
 // Messages (verbs case-insensitive):
