@@ -62,13 +62,6 @@ type powercut struct {
 	hasLimit bool
 
 	wb sync.RWMutex
-	// Owned by the holder of wb (exclusive): writeBack's batch and errors,
-	// and the writers that help it.
-	wbBatch [pcWriteBackBatch]*pcEntry
-	wbErrs  [pcWriteBackBatch]error
-	wbJobs  chan pcJob
-	wbWait  sync.WaitGroup
-	wbOnce  sync.Once
 	// reserved is what this cache added to the runtime's memory limit.
 	reserved int64
 
@@ -97,8 +90,8 @@ type powercut struct {
 
 		// destaging is set while a write destages for all: writes that
 		// find the cache over its bound meanwhile carry on, unless it
-		// holds more than 9/8 of the bound (hard); those wait on room, which
-		// each batch of the write-back signals when the cache is back
+		// holds more than 9/8 of the bound (hard); those wait on room,
+		// which a batch of the write-back signals when the cache is back
 		// under that, instead of queueing on wb for the whole write-back.
 		destaging bool
 		waiters   int // writes waiting on room
@@ -253,13 +246,12 @@ func pcFreeEntry(e *pcEntry) {
 // are written back at once, until it holds at most 7/8 of the bound, as a
 // real cache destages (the write that crossed the bound waits for that; the
 // writes that come meanwhile wait only while the cache holds more than 9/8
-// of the bound); a destage writes entries that do not overlap concurrently,
-// in any order among them, and those that overlap in the order they
-// arrived. A request larger than the bound is written through, after every
-// cached entry (so cache_sectors 0 is a disk without a volatile cache). The
-// cache lives in the daemon's memory: while the target lives, the Go
-// runtime's soft memory limit (dmfuse mount --memory-limit), when one is
-// set, is raised by the bound, so that a full cache does not starve the
+// of the bound). A request larger than the bound is written through, after
+// every cached entry (so cache_sectors 0 is a disk without a volatile
+// cache). The cache lives in the daemon's memory: while the target lives,
+// the Go runtime's soft memory limit (dmfuse mount --memory-limit), when one
+// is set, is raised by twice the bound (the cache, up to 9/8 of the bound,
+// and the buffers its pools keep), so that a full cache does not starve the
 // rest of the daemon. A suspend writes the whole cache back, as
 // dm-writecache does (so that a new table never loses it); a power state
 // belongs to one table and a new table starts powered on with an empty
@@ -335,7 +327,7 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 		return nil, err
 	}
 	p.dev, p.start, p.off = r.Dev, r.Off, r.Off/SectorSize
-	p.reserved = pcReserve(p.limit * SectorSize)
+	p.reserved = pcReserve(2 * p.limit * SectorSize)
 	p.mu.lastMode = "none"
 	p.mu.idx.init()
 	p.mu.room.L = &p.mu.Mutex
@@ -520,7 +512,7 @@ func (p *powercut) destage(ctx context.Context) error {
 		}
 	}
 	p.mu.Unlock()
-	return p.writeBack(ctx, k, true)
+	return p.writeBack(ctx, k)
 }
 
 // writeThrough writes e, larger than the cache, to the device after every
@@ -591,7 +583,7 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 	}
 	k := p.mu.count
 	p.mu.Unlock()
-	return p.writeBack(ctx, k, false)
+	return p.writeBack(ctx, k)
 }
 
 // pcWriteBackBatch is how many written-back entries leave the cache at a
@@ -599,130 +591,32 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 // as it goes.
 const pcWriteBackBatch = 32
 
-// pcWriters is how many goroutines write one batch of a destage back:
-// entries of a batch that do not overlap reach the device concurrently, as
-// a disk's cache destages in any order, so that the writes held up by a full
-// cache wait no longer than concurrent writes to the device would take.
-// Overlapping entries keep their order.
-const pcWriters = 4
-
-// pcJob is one writer's share of a batch: entries first, first+stride, ...
-// of run, whose errors go to errs at the same indexes.
-type pcJob struct {
-	ctx           context.Context
-	run           []*pcEntry
-	errs          []error
-	first, stride int
-}
-
-// writeBack writes the k oldest entries to the device, dropping them from
-// the cache pcWriteBackBatch at a time: in arrival order, or, when
-// concurrent is set (a destage), each batch in runs of entries that do not
-// overlap, written concurrently. The caller holds wb exclusively: nothing
-// else takes entries off the head of the list, and p.wbBatch and p.wbErrs
-// are its own.
-func (p *powercut) writeBack(ctx context.Context, k int64, concurrent bool) error {
+// writeBack writes the k oldest entries to the device in order, dropping
+// them from the cache pcWriteBackBatch at a time. The caller holds wb
+// exclusively: nothing else takes entries off the head of the list.
+func (p *powercut) writeBack(ctx context.Context, k int64) error {
 	for k > 0 {
-		n := int(min(k, pcWriteBackBatch))
-		batch := p.wbBatch[:n]
 		p.mu.Lock()
-		e := p.mu.head
+		first := p.mu.head
 		p.mu.Unlock()
-		// The next of the last entry taken may change meanwhile (add
-		// appends under mu); the others' are fixed.
-		for i := range n {
-			batch[i] = e
-			if i+1 < n {
-				e = e.next
+		n := min(k, pcWriteBackBatch)
+		var err error
+		done := int64(0)
+		for e := first; ; e = e.next {
+			if err = p.writeEntry(ctx, e, e.end-e.off); err != nil {
+				break
+			}
+			if done++; done == n {
+				break
 			}
 		}
-		done := n
-		if concurrent {
-			done = p.writeBatch(ctx, batch)
-		} else {
-			for i, e := range batch {
-				if p.wbErrs[i] = p.writeEntry(ctx, e, e.end-e.off); p.wbErrs[i] != nil {
-					done = i
-					break
-				}
-			}
-		}
-		p.drop(int64(done))
-		clear(batch)
-		if done < n {
-			err := p.wbErrs[done]
-			clear(p.wbErrs[:n])
+		p.drop(done)
+		if err != nil {
 			return err
 		}
-		k -= int64(n)
+		k -= done
 	}
 	return nil
-}
-
-// writeBatch writes batch to the device, in runs of entries none of which
-// overlaps another of its run, each run by up to pcWriters goroutines, and
-// returns how many entries, from the first, were written without error
-// (the errors are in p.wbErrs).
-func (p *powercut) writeBatch(ctx context.Context, batch []*pcEntry) int {
-	errs := p.wbErrs[:len(batch)]
-	for s := 0; s < len(batch); {
-		t := s + 1
-	grow:
-		for ; t < len(batch); t++ {
-			for _, o := range batch[s:t] {
-				if o.off < batch[t].end && batch[t].off < o.end {
-					break grow
-				}
-			}
-		}
-		p.writeRun(ctx, batch[s:t], errs[s:t])
-		for i := s; i < t; i++ {
-			if errs[i] != nil {
-				return i
-			}
-		}
-		s = t
-	}
-	return len(batch)
-}
-
-// writeRun writes the entries of run, which do not overlap, concurrently.
-func (p *powercut) writeRun(ctx context.Context, run []*pcEntry, errs []error) {
-	w := min(pcWriters, len(run))
-	if w > 1 {
-		p.startWriters()
-		p.wbWait.Add(w - 1)
-		for i := 1; i < w; i++ {
-			p.wbJobs <- pcJob{ctx: ctx, run: run, errs: errs, first: i, stride: w}
-		}
-	}
-	p.writeShare(pcJob{ctx: ctx, run: run, errs: errs, first: 0, stride: w})
-	if w > 1 {
-		p.wbWait.Wait()
-	}
-}
-
-// writeShare writes one writer's share of a run.
-func (p *powercut) writeShare(j pcJob) {
-	for i := j.first; i < len(j.run); i += j.stride {
-		j.errs[i] = p.writeEntry(j.ctx, j.run[i], j.run[i].end-j.run[i].off)
-	}
-}
-
-// startWriters starts the pcWriters-1 goroutines that help writeRun, the
-// first time a run needs them; Close stops them.
-func (p *powercut) startWriters() {
-	p.wbOnce.Do(func() {
-		p.wbJobs = make(chan pcJob)
-		for range pcWriters - 1 {
-			go func() {
-				for j := range p.wbJobs {
-					p.writeShare(j)
-					p.wbWait.Done()
-				}
-			}()
-		}
-	})
 }
 
 // drop takes the k oldest entries, written back, off the cache and frees
@@ -959,9 +853,6 @@ func (p *powercut) Close() error {
 	var err error
 	if !p.down.Load() {
 		err = p.writeBackAllLocked(context.Background())
-	}
-	if p.wbJobs != nil {
-		close(p.wbJobs)
 	}
 	pcReserve(-p.reserved)
 	p.reserved = 0
