@@ -320,15 +320,3 @@ func medOf(rs []urun, f func(urun) float64) float64 {
 	}
 	return benchkit.Median(v)
 }
-
-// waitCtx waits d or until ctx is done.
-func waitCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}

@@ -296,11 +296,11 @@ func (b *ubench) idleCPU(ctx context.Context) error {
 			return fmt.Errorf("QD1 load on %s: %w", c.name, err)
 		}
 		c0, t0 := benchkit.CPUTime(c.pid), time.Now()
-		if err := waitCtx(ctx, time.Second); err != nil {
+		if err := benchkit.Sleep(ctx, time.Second); err != nil {
 			return err
 		}
 		c1, t1 := benchkit.CPUTime(c.pid), time.Now()
-		if err := waitCtx(ctx, b.idle-time.Since(t0)); err != nil {
+		if err := benchkit.Sleep(ctx, b.idle-time.Since(t0)); err != nil {
 			return err
 		}
 		c2, t2 := benchkit.CPUTime(c.pid), time.Now()

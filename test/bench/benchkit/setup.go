@@ -257,16 +257,7 @@ func CPUWindow(ctx context.Context, pid int, from, to time.Duration) func() (pro
 	ch := make(chan res, 1)
 	start := time.Now()
 	go func() {
-		sleep := func(until time.Duration) bool {
-			t := time.NewTimer(time.Until(start.Add(until)))
-			defer t.Stop()
-			select {
-			case <-ctx.Done():
-				return false
-			case <-t.C:
-				return true
-			}
-		}
+		sleep := func(until time.Duration) bool { return Sleep(ctx, time.Until(start.Add(until))) == nil }
 		if !sleep(from) {
 			ch <- res{}
 			return
@@ -286,5 +277,17 @@ func CPUWindow(ctx context.Context, pid int, from, to time.Duration) func() (pro
 	return func() (float64, float64) {
 		r := <-ch
 		return r.proc, r.machine
+	}
+}
+
+// Sleep waits for d, or until ctx is done and then returns its error.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
