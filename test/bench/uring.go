@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -24,9 +25,10 @@ const defaultConfigs = "dev=--transport=dev;uring=--transport=uring;uring-poll=-
 
 // config is one dmfuse daemon of the io_uring suites.
 type config struct {
-	name string
-	rev  string   // git revision it is built from ("": the working tree)
-	args []string // dmfuse mount flags
+	name   string
+	rev    string   // git revision it is built from ("": the working tree)
+	commit string   // rev's commit
+	args   []string // dmfuse mount flags
 
 	bin   string
 	mnt   string
@@ -117,7 +119,7 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 	for _, c := range b.configs {
 		src := "the working tree"
 		if c.rev != "" {
-			src = "git revision " + c.rev
+			src = fmt.Sprintf("git revision %s (%s)", c.rev, c.commit)
 		}
 		fmt.Fprintf(&b.w, "* %s: dmfuse of %s, `mount %s`: %s\n", c.name, src, strings.Join(c.args, " "), c.trans)
 	}
@@ -157,10 +159,10 @@ func (b *ubench) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	built := map[string]string{} // revision -> binary
+	built := map[string]*config{} // revision -> the first config built from it
 	for _, c := range b.configs {
-		if bin, ok := built[c.rev]; ok {
-			c.bin = bin
+		if o, ok := built[c.rev]; ok {
+			c.bin, c.commit = o.bin, o.commit
 			continue
 		}
 		c.bin = filepath.Join(b.scratch, "dmfuse-"+c.name)
@@ -168,13 +170,18 @@ func (b *ubench) setup(ctx context.Context) error {
 			logf("building dmfuse")
 			err = benchkit.Build(ctx, modDir, c.bin, "./cmd/dmfuse")
 		} else {
-			logf("building dmfuse as of %s", c.rev)
+			out, gerr := exec.CommandContext(ctx, "git", "-C", modDir, "rev-parse", "--short", c.rev+"^{commit}").Output()
+			if gerr != nil {
+				return fmt.Errorf("config %s: git rev-parse %s: %w", c.name, c.rev, gerr)
+			}
+			c.commit = strings.TrimSpace(string(out))
+			logf("building dmfuse as of %s (%s)", c.rev, c.commit)
 			err = benchkit.BuildRev(ctx, modDir, c.rev, filepath.Join(b.scratch, "src-"+c.name), c.bin, "./cmd/dmfuse")
 		}
 		if err != nil {
 			return err
 		}
-		built[c.rev] = c.bin
+		built[c.rev] = c
 	}
 
 	tmpfs := filepath.Join(b.scratch, "tmpfs")
