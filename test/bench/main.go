@@ -1,4 +1,5 @@
-// Command bench measures dmfuse devices against the FUSE floor with fio, side
+// Command bench measures dmfuse devices against the FUSE floor, or dmfuse's
+// transports against each other and the kernel's loop device, with fio, side
 // by side in one run.
 //
 //	go run ./test/bench [-devices LIST] [-jobs LIST] [-pairs N] [-runtime D] [-out FILE]
@@ -33,6 +34,33 @@
 // current build's, the two taking turns at going first: NAME@ref rows, and a
 // column with the median of the per-pair ratios current/ref, to compare a
 // change against the code before it in one run.
+//
+// # The io_uring suites
+//
+//	go run ./test/bench -suite uring|transports,multipath,delay,idle [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D]
+//
+// compare dmfuse's transports instead. Each config of -configs
+// (NAME[@REV]=FLAGS, separated by ';'; by default dev, uring and uring-poll:
+// --transport=dev, --transport=uring, --transport=uring --poll=50us) is a
+// dmfuse daemon of its own, built from the working tree or from git revision
+// REV, mounted with FLAGS beside the others over the same tmpfs file (the
+// fuse module's enable_uring is on while they mount, then put back). Every
+// run is repeated in -rounds interleaved rounds, each round starting with the
+// next daemon; the tables give medians and the median (min-max) of the
+// per-round ratios, the first config being the reference. The suites:
+//
+//   - transports: each -jobs job on each daemon's linear device and on a loop
+//     device with direct I/O over the same file; ratios to the first config
+//     and to the loop device; latency, daemon CPU (utime+stime of
+//     /proc/PID/stat over the middle of the run) and CPU per 1k IOPS.
+//   - multipath: 4k randread libaio 2x16 on historical-service-time over one
+//     fast path (linear) and three delayed ones (-mp-delay ms), on multipath
+//     over the fast path alone, and on the fast path itself.
+//   - delay: 4k QD1 reads and writes on 1 ms and 10 ms delay devices, each
+//     after the same job on a zero-delay device with fio --thinktime equal to
+//     the delay, whose mean completion latency gives the ceiling
+//     1 / (delay + that latency); and 2x32 writes on 10 ms against 64 / delay.
+//   - idle: per daemon, a QD1 load, then its CPU while no I/O runs for -idle.
 //
 // Everything it set up (fio, loop device, mounts, daemons, tmpfs, scratch
 // folder) is torn down on exit, on error and on SIGINT or SIGTERM.
