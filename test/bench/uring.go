@@ -115,7 +115,14 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 	fmt.Fprintf(&b.w, "fio %s, %d CPUs, kernel %s, %s; %d rounds, %v per run (+%v ramp), delay rows %v (+%v ramp); load average at the start: %s\n\n",
 		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), host, b.rounds, b.runtime, b.ramp(b.runtime),
 		b.delayRuntime, b.ramp(b.delayRuntime), benchkit.Loadavg())
-	fmt.Fprintf(&b.w, "`go run ./test/bench %s`\n\n", strings.Join(os.Args[1:], " "))
+	args := make([]string, len(os.Args)-1)
+	for i, a := range os.Args[1:] {
+		args[i] = a
+		if strings.ContainsAny(a, " ;|&$'\"") {
+			args[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	fmt.Fprintf(&b.w, "`go run ./test/bench %s`\n\n", strings.Join(args, " "))
 	for _, c := range b.configs {
 		src := "the working tree"
 		if c.rev != "" {
