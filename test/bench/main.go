@@ -363,14 +363,11 @@ func (b *bench) ramp() time.Duration { return b.runtime / 4 }
 // setup builds the binaries, mounts the tmpfs and both file systems and
 // attaches the loop device.
 func (b *bench) setup(ctx context.Context) error {
-	var err error
-	if b.scratch, err = benchkit.TempDir(&b.undo, "dmfuse-bench"); err != nil {
-		return err
-	}
-	modDir, err := benchkit.ModuleDir()
+	scratch, modDir, err := benchkit.Scratch(&b.undo, "dmfuse-bench")
 	if err != nil {
 		return err
 	}
+	b.scratch = scratch
 	logf("building dmfuse and the baseline in %s", b.scratch)
 	for _, p := range [][2]string{{"dmfuse", "./cmd/dmfuse"}, {"baseline", "./test/bench/baseline"}} {
 		if err := benchkit.Build(ctx, modDir, filepath.Join(b.scratch, p[0]), p[1]); err != nil {

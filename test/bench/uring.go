@@ -158,14 +158,11 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 // setup builds the daemons, mounts the tmpfs and the daemons, and attaches
 // the loop device.
 func (b *ubench) setup(ctx context.Context) error {
-	var err error
-	if b.scratch, err = benchkit.TempDir(&b.undo, "dmfuse-bench"); err != nil {
-		return err
-	}
-	modDir, err := benchkit.ModuleDir()
+	scratch, modDir, err := benchkit.Scratch(&b.undo, "dmfuse-bench")
 	if err != nil {
 		return err
 	}
+	b.scratch = scratch
 	built := map[string]*config{} // revision -> the first config built from it
 	for _, c := range b.configs {
 		if o, ok := built[c.rev]; ok {

@@ -291,3 +291,13 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// Scratch returns the root of the dmfuse module (see ModuleDir) and a new
+// scratch folder named after prog, which u removes.
+func Scratch(u *Undo, prog string) (dir, modDir string, err error) {
+	if modDir, err = ModuleDir(); err != nil {
+		return "", "", err
+	}
+	dir, err = TempDir(u, prog)
+	return dir, modDir, err
+}

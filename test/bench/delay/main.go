@@ -247,14 +247,11 @@ func check() error {
 
 // setup builds dmfuse, mounts the tmpfs and the daemon.
 func (b *bench) setup(ctx context.Context) error {
-	var err error
-	if b.scratch, err = benchkit.TempDir(&b.undo, "dmfuse-delay-bench"); err != nil {
-		return err
-	}
-	modDir, err := benchkit.ModuleDir()
+	scratch, modDir, err := benchkit.Scratch(&b.undo, "dmfuse-delay-bench")
 	if err != nil {
 		return err
 	}
+	b.scratch = scratch
 	bin := filepath.Join(b.scratch, "dmfuse")
 	logf("building dmfuse in %s", b.scratch)
 	if err := benchkit.Build(ctx, modDir, bin, "./cmd/dmfuse"); err != nil {
