@@ -150,6 +150,9 @@ func main() {
 	if err == nil && (*pairs < 1 || *rounds < 1) {
 		err = errors.New("-pairs and -rounds must be at least 1")
 	}
+	if err == nil && *idle < 2*time.Second {
+		err = errors.New("-idle must be at least 2s (its first second is reported apart)")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
