@@ -92,16 +92,19 @@ func (b *ubench) ramp(rt time.Duration) time.Duration { return rt / 4 }
 func parseSuites(s string) ([]string, error) {
 	var out []string
 	for _, n := range strings.Split(s, ",") {
-		switch {
-		case n == "uring":
-			out = append(out, uringSuites...)
-		case slices.Contains(uringSuites, n):
-			out = append(out, n)
-		default:
+		add := []string{n}
+		if n == "uring" {
+			add = uringSuites
+		} else if !slices.Contains(uringSuites, n) {
 			return nil, fmt.Errorf("unknown suite %q (have devices, uring or a list of %s)", n, strings.Join(uringSuites, ","))
 		}
+		for _, a := range add {
+			if !slices.Contains(out, a) {
+				out = append(out, a)
+			}
+		}
 	}
-	return slices.Compact(out), nil
+	return out, nil
 }
 
 func (b *ubench) run(ctx context.Context) (string, error) {
