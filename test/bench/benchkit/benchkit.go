@@ -195,6 +195,20 @@ func FileReady(path string) func() bool {
 	}
 }
 
+// StartMounted starts a server as StartServer does, pushes its Stop (with
+// a grace of 20 s) on u, and waits until ready reports that it answers.
+func StartMounted(ctx context.Context, u *Undo, name, mnt string, ready func() bool, env []string, argv ...string) (*Server, error) {
+	srv, err := StartServer(name, mnt, env, argv...)
+	if err != nil {
+		return nil, err
+	}
+	u.Push(func() { srv.Stop(20 * time.Second) })
+	if err := srv.WaitReady(ctx, ready); err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
