@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -253,17 +252,10 @@ func ParseFio(out []byte) (*FioJob, error) {
 	return &r.Jobs[0], nil
 }
 
-// CPUTicks returns the utime+stime of process pid in clock ticks (fields 14
-// and 15 of /proc/PID/stat), or 0 when it cannot be read.
+// CPUTicks returns the utime+stime of process pid in clock ticks of
+// USER_HZ (CPUTime in TicksPerSec units), or 0 when it cannot be read.
 func CPUTicks(pid int) int64 {
-	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(s[bytes.LastIndexByte(s, ')')+1:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st
+	return int64(CPUTime(pid) / (time.Second / TicksPerSec))
 }
 
 // TicksPerSec is USER_HZ, the unit of CPUTicks.
