@@ -3,8 +3,10 @@ package stack
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/bits"
 	"math/rand/v2"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,6 +62,8 @@ type powercut struct {
 	hasLimit bool
 
 	wb sync.RWMutex
+	// reserved is what this cache added to the runtime's memory limit.
+	reserved int64
 
 	down    atomic.Bool  // written under mu
 	ncached atomic.Int64 // mirrors count, so that reads of an empty cache skip mu
@@ -85,10 +89,12 @@ type powercut struct {
 		lastSeed uint64
 
 		// destaging is set while a write destages for all: writes that
-		// find the cache over its bound meanwhile wait on room, which
-		// each batch of the write-back signals, instead of queueing on
-		// wb for the whole write-back.
+		// find the cache over its bound meanwhile carry on, unless it
+		// holds more than 9/8 of the bound (hard); those wait on room,
+		// which a batch of the write-back signals when the cache is back
+		// under that, instead of queueing on wb for the whole write-back.
 		destaging bool
+		waiters   int // writes waiting on room
 		room      sync.Cond
 	}
 }
@@ -238,12 +244,17 @@ func pcFreeEntry(e *pcEntry) {
 // The cache holds writes, discards and write-zeroes, each counted by the
 // sectors it touches. When it holds more than the bound, the oldest entries
 // are written back at once, until it holds at most 7/8 of the bound, as a
-// real cache destages (the write that crossed the bound waits for that). A
-// request larger than
-// the bound is written through, after every cached entry (so cache_sectors
-// 0 is a disk without a volatile cache). A suspend writes the whole cache
-// back, as dm-writecache does (so that a new table never loses it); a power
-// state belongs to one table and a new table starts powered on with an empty
+// real cache destages (the write that crossed the bound waits for that; the
+// writes that come meanwhile wait only while the cache holds more than 9/8
+// of the bound). A request larger than the bound is written through, after
+// every cached entry (so cache_sectors 0 is a disk without a volatile
+// cache). The cache lives in the daemon's memory: while the target lives,
+// the Go runtime's soft memory limit (dmfuse mount --memory-limit), when one
+// is set, is raised by twice the bound (the cache, up to 9/8 of the bound,
+// and the buffers its pools keep), so that a full cache does not starve the
+// rest of the daemon. A suspend writes the whole cache back, as
+// dm-writecache does (so that a new table never loses it); a power state
+// belongs to one table and a new table starts powered on with an empty
 // cache.
 //
 // Messages (verbs case-insensitive):
@@ -316,6 +327,7 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 		return nil, err
 	}
 	p.dev, p.start, p.off = r.Dev, r.Off, r.Off/SectorSize
+	p.reserved = pcReserve(2 * p.limit * SectorSize)
 	p.mu.lastMode = "none"
 	p.mu.idx.init()
 	p.mu.room.L = &p.mu.Mutex
@@ -447,19 +459,27 @@ func (p *powercut) add(ctx context.Context, e *pcEntry) error {
 	return nil
 }
 
-// makeRoom returns once the cache is within its bound: at once if it is,
-// else after another write's destage made room, else after destaging
-// itself.
+// hard is how many sectors the cache may hold while a write destages: 9/8
+// of the bound.
+func (p *powercut) hard() int64 { return p.limit + p.limit/8 }
+
+// makeRoom returns at once if the cache is within its bound; else, while
+// another write destages, at once if the cache is within 9/8 of its bound,
+// else once that destage has brought it back there; else after destaging
+// itself. The writes that come while one destages thus go on as long as
+// the write-back keeps up, and wake once each when it does not.
 func (p *powercut) makeRoom(ctx context.Context) error {
 	p.mu.Lock()
-	for p.mu.sectors > p.limit && p.mu.destaging && !p.down.Load() {
+	for p.mu.sectors > p.hard() && p.mu.destaging && !p.down.Load() {
+		p.mu.waiters++
 		p.mu.room.Wait()
+		p.mu.waiters--
 	}
 	switch {
 	case p.down.Load():
 		p.mu.Unlock()
 		return syscall.EIO
-	case p.mu.sectors <= p.limit:
+	case p.mu.sectors <= p.limit || p.mu.destaging:
 		p.mu.Unlock()
 		return nil
 	}
@@ -621,7 +641,9 @@ func (p *powercut) drop(k int64) {
 	p.mu.sectors -= sectors
 	p.mu.gen++
 	p.ncached.Store(p.mu.count)
-	p.mu.room.Broadcast()
+	if p.mu.waiters > 0 && p.mu.sectors <= p.hard() {
+		p.mu.room.Broadcast()
+	}
 	p.mu.Unlock()
 	p.destaged.Add(uint64(k))
 	for e = first; k > 0; k-- {
@@ -828,10 +850,36 @@ func (p *powercut) Status(t StatusType) string {
 func (p *powercut) Close() error {
 	p.wb.Lock()
 	defer p.wb.Unlock()
-	if p.down.Load() {
-		return nil
+	var err error
+	if !p.down.Load() {
+		err = p.writeBackAllLocked(context.Background())
 	}
-	return p.writeBackAllLocked(context.Background())
+	pcReserve(-p.reserved)
+	p.reserved = 0
+	return err
+}
+
+// pcMemLimit serializes the changes powercut makes to the runtime's memory
+// limit.
+var pcMemLimit sync.Mutex
+
+// pcReserve adds n bytes (negative: takes them back) to the Go runtime's
+// soft memory limit, when one is set, and returns what it added. A cache
+// lives on the heap: without its room in the limit, a full cache would
+// leave the daemon's other memory (request buffers) no headroom and the
+// collector would run without pause.
+func pcReserve(n int64) int64 {
+	if n == 0 {
+		return 0
+	}
+	pcMemLimit.Lock()
+	defer pcMemLimit.Unlock()
+	cur := debug.SetMemoryLimit(-1)
+	if cur == math.MaxInt64 {
+		return 0
+	}
+	debug.SetMemoryLimit(max(cur+n, 0))
+	return n
 }
 
 // pcChunkShift sets the span of one index chunk: 1 MiB.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/logwrites"
 )
 
 const pcSector = stack.SectorSize
@@ -947,6 +949,17 @@ func TestPowercutAllocs(t *testing.T) {
 	if a := testing.AllocsPerRun(200, cycle); a > 0.5 {
 		t.Errorf("%.1f allocations per 16 writes, a read and a flush; want none", a)
 	}
+	// Past the bound: destages.
+	small := newPC(t, dev, "2 cache_sectors 64")
+	destage := func() {
+		for i := range int64(64) {
+			small.WriteAt(ctx, b, (i%48)*4096)
+		}
+	}
+	destage()
+	if a := testing.AllocsPerRun(100, destage); a > 0.5 {
+		t.Errorf("%.1f allocations per 64 writes through a 64-sector cache; want none", a)
+	}
 }
 
 // FuzzPowercut builds a powercut target from arbitrary parameters and sends
@@ -1101,5 +1114,259 @@ func TestPowercutReadRetries(t *testing.T) {
 		make([]byte, 6*pcSector), fill('n', pcSector), make([]byte, pcSector)}, nil)
 	if reads != 4 || !bytes.Equal(got, want) {
 		t.Fatalf("%d device reads; read differs at byte %d", reads, firstDiffPC(got, want))
+	}
+}
+
+// TestPowercutOverFlakey stacks powercut over flakey targets that are down
+// for good: cached writes never reach flakey and read back from the cache;
+// over error_writes the flush that writes them back fails with EIO and
+// keeps them cached; over drop_writes the flush succeeds and flakey drops
+// them, so the memory device never sees them.
+func TestPowercutOverFlakey(t *testing.T) {
+	for _, c := range []struct {
+		feature string
+		flush   error
+		dirty   string
+	}{
+		{"error_writes", syscall.EIO, "0+8 write\n"},
+		{"drop_writes", nil, "no cached writes"},
+	} {
+		t.Run(c.feature, func(t *testing.T) {
+			mem := newPCRecDev("mem", 256)
+			fl, err := stack.Flakey.New(pcCtor(256, mem), stack.SplitArgs("mem 0 0 1 1 "+c.feature))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fl.Close()
+			pc := newPC(t, pcTargetDev{fl, "fl", mem.Size()}, "")
+			pc.write(fill('a', 4096), 0)
+			got := make([]byte, 4096)
+			if _, err := pc.ReadAt(context.Background(), got, 0); err != nil || !bytes.Equal(got, fill('a', 4096)) {
+				t.Fatalf("read of a cached write over a down flakey: %v", err)
+			}
+			if err := pc.Target.(stack.Flusher).Flush(context.Background()); !errors.Is(err, c.flush) || (c.flush == nil) != (err == nil) {
+				t.Fatalf("flush: %v, want %v", err, c.flush)
+			}
+			if d := pc.msg("dirty"); d != c.dirty {
+				t.Errorf("dirty after the flush: %q, want %q", d, c.dirty)
+			}
+			if l := mem.take(); len(l) != 0 {
+				t.Errorf("the memory device under a down flakey got %v", l)
+			}
+			if !bytes.Equal(mem.Bytes()[:4096], make([]byte, 4096)) {
+				t.Error("the memory device under a down flakey changed")
+			}
+		})
+	}
+}
+
+// pcLogEntries lists the entries of the log-writes log in file path:
+// "<sector>+<sectors> <flags>".
+func pcLogEntries(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := logwrites.Open(f, st.Size(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for r.More() {
+		e, err := r.Next(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%d+%d %s", e.Sector, e.NrSectors, logwrites.FlagNames(e.Flags)))
+		if err := r.SkipData(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return got
+}
+
+// pcLogStack creates, through a Manager, devices over the files img and
+// log of 1 MiB each (in a new folder) from tables in which IMG and LOG
+// stand for their paths, in order.
+func pcLogStack(t *testing.T, tables ...[2]string) (m *stack.Manager, img, logImg string) {
+	dir := pcFileDir(t)
+	img, logImg = filepath.Join(dir, "img"), filepath.Join(dir, "log")
+	for _, f := range []string{img, logImg} {
+		if err := os.WriteFile(f, make([]byte, 1<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := stack.NewRegistry(stack.LogWrites, stack.Powercut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = stack.NewManager(context.Background(), reg, nil)
+	t.Cleanup(func() { m.RemoveAll() })
+	for _, c := range tables {
+		table := strings.NewReplacer("IMG", img, "LOG", logImg).Replace(c[1])
+		if _, err := m.Create(stack.CreateOptions{Name: c[0], Minor: -1, Table: table}); err != nil {
+			t.Fatalf("%s: %v", c[0], err)
+		}
+	}
+	return m, img, logImg
+}
+
+// pcLogWorkload writes through dev: a cached write at 0, a FUA write at
+// 64 KiB, a flush, a write at 8 KiB that no flush covers; then cuts pc's
+// power and removes the devices, top first.
+func pcLogWorkload(t *testing.T, m *stack.Manager, dev string, remove ...string) {
+	t.Helper()
+	d := m.Lookup(dev)
+	ctx := context.Background()
+	if _, err := d.WriteAt(ctx, fill('a', 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WriteAt(stack.WithFUA(ctx), fill('f', 4096), 65536); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WriteAt(ctx, fill('u', 4096), 8192); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Message(ctx, "pc", 0, []string{"power_cut"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range remove {
+		if err := m.Remove(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// pcCheckDurable checks that img holds the flushed and the FUA write, and
+// not the write no flush covered.
+func pcCheckDurable(t *testing.T, img string) {
+	t.Helper()
+	data, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(data[:4096], fill('a', 4096)) || !bytes.Equal(data[65536:69632], fill('f', 4096)) ||
+		!bytes.Equal(data[8192:12288], make([]byte, 4096)) {
+		t.Error("the data file does not hold what the flush and the FUA write made durable (and only that)")
+	}
+}
+
+// TestPowercutOverLogWrites: powercut over log-writes over a file. The log
+// records what reached the disk: the FUA write at once, the cached write
+// only when the flush wrote it back (before the flush), and nothing of the
+// write the cut lost.
+func TestPowercutOverLogWrites(t *testing.T) {
+	m, img, logImg := pcLogStack(t, [2]string{"lw", "0 2048 log-writes IMG LOG"}, [2]string{"pc", "0 2048 powercut lw 0"})
+	pcLogWorkload(t, m, "pc", "pc", "lw")
+	want := []string{"128+8 FUA", "0+8 NONE", "0+0 FLUSH", "0+0 MARK"}
+	if got := pcLogEntries(t, logImg); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("log entries %q, want %q", got, want)
+	}
+	pcCheckDurable(t, img)
+}
+
+// TestPowercutUnderLogWrites: log-writes over powercut over a file. The log
+// records what the file system sent, the write the cut lost too; the file
+// holds only what powercut made durable.
+func TestPowercutUnderLogWrites(t *testing.T) {
+	dir := pcFileDir(t)
+	logImg := filepath.Join(dir, "log2")
+	if err := os.WriteFile(logImg, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, img, _ := pcLogStack(t, [2]string{"pc", "0 2048 powercut IMG 0"}, [2]string{"lw", "0 2048 log-writes pc " + logImg})
+	pcLogWorkload(t, m, "lw")
+	if st := m.Lookup("pc").FormatTable(stack.StatusInfo, false); st != "0 2048 powercut down cached 0 0 flushes 1 fua 1 destaged 1 cuts 1 last_cut all seed -\n" {
+		t.Errorf("pc status: %q", st)
+	}
+	if _, err := m.Message(context.Background(), "pc", 0, []string{"power_on"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"lw", "pc"} {
+		if err := m.Remove(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// log-writes logs a FUA write at once and plain writes at the next
+	// flush (or its removal).
+	want := []string{"128+8 FUA", "0+8 NONE", "0+0 FLUSH", "16+8 NONE", "0+0 MARK"}
+	if got := pcLogEntries(t, logImg); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("log entries %q, want %q", got, want)
+	}
+	pcCheckDurable(t, img)
+}
+
+// TestPowercutDestageOrder: a destage writes entries that overlap in the
+// order they arrived, so that the device ends with the newest data.
+func TestPowercutDestageOrder(t *testing.T) {
+	for round := range 50 {
+		dev := newPCRecDev("mem", 128)
+		pc := newPC(t, dev, "2 cache_sectors 64")
+		// Writes 0-7 go to sector 0, the others each to its own sector;
+		// the 65th crosses the bound and destages down to 56 sectors:
+		// writes 0-8.
+		for i := range 65 {
+			off := int64(i) * pcSector
+			if i < 8 {
+				off = 0
+			}
+			pc.write(fill(byte(i+1), pcSector), off)
+		}
+		n := 0
+		for _, l := range dev.take() {
+			if strings.HasPrefix(l, "w 0 ") {
+				n++
+			}
+		}
+		if n != 8 {
+			t.Fatalf("round %d: %d writes to sector 0 reached the device, want 8", round, n)
+		}
+		if got := dev.Bytes()[0]; got != 8 {
+			t.Fatalf("round %d: sector 0 holds write %d after the destage, want 8 (the newest): overlapping writes were reordered", round, got)
+		}
+	}
+}
+
+// TestPowercutMemoryLimit: while a powercut target lives, the runtime's soft
+// memory limit, when one is set, has room for twice its cache bound on top;
+// Close takes it back. Without a limit nothing changes.
+func TestPowercutMemoryLimit(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(old)
+	debug.SetMemoryLimit(64 << 20)
+	dev := stack.NewMemDevice("mem", 64*pcSector)
+	a, err := stack.Powercut.New(pcCtor(64, dev), []string{"mem", "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := stack.Powercut.New(pcCtor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors 2048"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := debug.SetMemoryLimit(-1), int64(64<<20+2*(32<<20+1<<20)); got != want {
+		t.Errorf("memory limit with a 32 MiB and a 1 MiB cache: %d, want %d (twice the bounds on top)", got, want)
+	}
+	a.Close()
+	b.Close()
+	if got := debug.SetMemoryLimit(-1); got != 64<<20 {
+		t.Errorf("memory limit after Close: %d, want %d", got, 64<<20)
+	}
+	debug.SetMemoryLimit(math.MaxInt64)
+	c, err := stack.Powercut.New(pcCtor(64, dev), []string{"mem", "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("no memory limit became %d", got)
 	}
 }

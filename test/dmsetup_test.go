@@ -3,6 +3,7 @@ package test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -28,14 +29,30 @@ import (
 // test with what it was doing.
 const commandTimeout = 2 * time.Minute
 
-// dmsetupEnv is one private system instance and the PATH that finds
-// dmfuse as dmsetup.
+// dmsetupEnv is one private system instance, the PATH that finds dmfuse
+// as dmsetup, and the prefix of every device name the test makes.
 type dmsetupEnv struct {
-	t   *testing.T
-	dir string
-	run string
-	env []string
+	t      *testing.T
+	dir    string
+	run    string
+	env    []string
+	prefix string
 }
+
+// dmsetupPrefix returns a device name prefix of its own for each test: the
+// nodes are in the one /dev/mapper of the machine, which every run of these
+// tests shares (two checkouts running CI at once, a second go test while
+// one runs, a run after one that was killed).
+func dmsetupPrefix() string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return fmt.Sprintf("dmt%d-%x-", os.Getpid(), b)
+}
+
+// name is the test's device called s.
+func (e *dmsetupEnv) name(s string) string { return e.prefix + s }
 
 func newDmsetupEnv(t *testing.T) *dmsetupEnv {
 	t.Helper()
@@ -52,8 +69,20 @@ func newDmsetupEnv(t *testing.T) *dmsetupEnv {
 	if err := os.Symlink(dmfuseBin, filepath.Join(bin, "dmsetup")); err != nil {
 		t.Fatal(err)
 	}
-	e := &dmsetupEnv{t: t, dir: dir, run: filepath.Join(dir, "run")}
+	e := &dmsetupEnv{t: t, dir: dir, run: filepath.Join(dir, "run"), prefix: dmsetupPrefix()}
 	e.env = append(os.Environ(), "DMFUSE_RUN_DIR="+e.run, "PATH="+bin+":"+os.Getenv("PATH"), "LC_ALL=C")
+	// Last of all: no loop device over a file of the test is left, the
+	// test's own (detached, or set to detach at last close, by their
+	// cleanups) or the daemon's.
+	t.Cleanup(func() {
+		for deadline := time.Now().Add(5 * time.Second); len(loopsOf(dir)) > 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Errorf("loop devices left: %v", loopsOf(dir))
+				detachLoops(dir)
+				return
+			}
+		}
+	})
 	t.Cleanup(e.cleanup)
 	return e
 }
@@ -163,7 +192,8 @@ func (e *dmsetupEnv) pid() int {
 func (e *dmsetupEnv) cleanup() {
 	t := e.t
 	mnt := filepath.Join(e.run, "mnt")
-	if e.pid() != 0 {
+	daemon := e.pid()
+	if daemon != 0 {
 		for _, dev := range loopsOf(mnt) {
 			for _, m := range mountsOfDev(dev) {
 				unix.Unmount(m, unix.MNT_DETACH)
@@ -197,6 +227,31 @@ func (e *dmsetupEnv) cleanup() {
 	if b, err := os.ReadFile(filepath.Join(e.run, "nodes")); err == nil && len(b) > 0 {
 		t.Errorf("nodes left: %s", b)
 	}
+	if left, _ := filepath.Glob("/dev/mapper/" + e.prefix + "*"); len(left) > 0 {
+		t.Errorf("/dev/mapper entries left: %v", left)
+		for _, p := range left {
+			os.Remove(p)
+		}
+	}
+	for _, pid := range []int{daemon, e.pid()} {
+		if alive(pid) {
+			t.Errorf("daemon %d still runs", pid)
+			unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+}
+
+// alive reports whether process pid runs (a zombie does not).
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] != 'Z'
 }
 
 // loopsOf lists the loop devices backed by files under dir.
@@ -280,7 +335,7 @@ func TestDmsetupFlakeyCycle(t *testing.T) {
 			requireTool(t, c.mkfs[0])
 			e := newDmsetupEnv(t)
 			dev := e.loop("scratch", c.size)
-			name := "flakey-test." + c.fs
+			name := e.name("flakey-test." + c.fs)
 			node := "/dev/mapper/" + name
 			script := fmt.Sprintf(`set -e
 DEV=%s; NAME=%s
@@ -331,7 +386,7 @@ dmsetup remove --deferred %[1]s`, name))
 func TestDmsetupErrorWrites(t *testing.T) {
 	e := newDmsetupEnv(t)
 	dev := e.loop("bbolt", 64<<20)
-	name := "bbolt-flakey"
+	name := e.name("bbolt-flakey")
 	sz := strings.TrimSpace(run(t, "blockdev", "--getsz", dev))
 	e.must("create", name, "--table", fmt.Sprintf("0 %s flakey %s 0 120 0", sz, dev))
 	node := "/dev/mapper/" + name
@@ -377,28 +432,29 @@ func TestDmsetupDust(t *testing.T) {
 	dev := e.loop("test", 64<<20)
 	out := e.mustSh(fmt.Sprintf(`TEST_DEV=%s
 FULL=%s/full
+dust1=%s
 sz=$(blockdev --getsz "$TEST_DEV")
 bsz=$(blockdev --getbsz "$TEST_DEV")
-dmsetup create dust1 --table "0 $sz dust $TEST_DEV 0 $bsz"
-dmsetup message dust1 0 addbadblock 60
-dmsetup message dust1 0 addbadblock 67
-dmsetup message dust1 0 addbadblock 72
-dmsetup message dust1 0 countbadblocks
-dmsetup message dust1 0 listbadblocks
-dmsetup message dust1 0 clearbadblocks
-dmsetup message dust1 0 countbadblocks
-dmsetup message dust1 0 addbadblock 60
-dmsetup message dust1 0 addbadblock 67
-dmsetup message dust1 0 addbadblock 72
-dmsetup message dust1 0 countbadblocks
-dmsetup message dust1 0 enable
-dd if=/dev/zero of=/dev/mapper/dust1 bs="$bsz" count=128 oflag=direct >"$FULL" 2>&1 || exit $?
+dmsetup create $dust1 --table "0 $sz dust $TEST_DEV 0 $bsz"
+dmsetup message $dust1 0 addbadblock 60
+dmsetup message $dust1 0 addbadblock 67
+dmsetup message $dust1 0 addbadblock 72
+dmsetup message $dust1 0 countbadblocks
+dmsetup message $dust1 0 listbadblocks
+dmsetup message $dust1 0 clearbadblocks
+dmsetup message $dust1 0 countbadblocks
+dmsetup message $dust1 0 addbadblock 60
+dmsetup message $dust1 0 addbadblock 67
+dmsetup message $dust1 0 addbadblock 72
+dmsetup message $dust1 0 countbadblocks
+dmsetup message $dust1 0 enable
+dd if=/dev/zero of=/dev/mapper/$dust1 bs="$bsz" count=128 oflag=direct >"$FULL" 2>&1 || exit $?
 sync
-dmsetup message dust1 0 countbadblocks
+dmsetup message $dust1 0 countbadblocks
 sync
-dmsetup remove --retry dust1 |& grep -v "Device or resource busy"
-[ ! -e /dev/mapper/dust1 ] || echo "node left"
-`, dev, e.dir))
+dmsetup remove --retry $dust1 |& grep -v "Device or resource busy"
+[ ! -e /dev/mapper/$dust1 ] || echo "node left"
+`, dev, e.dir, e.name("dust1")))
 	want := "countbadblocks: 3 badblock(s) found\n60\n67\n72\ndust_clear_badblocks: badblocks cleared\n" +
 		"countbadblocks: 0 badblock(s) found\ncountbadblocks: 3 badblock(s) found\ncountbadblocks: 0 badblock(s) found\n"
 	if out != want {
@@ -413,7 +469,7 @@ dmsetup remove --retry dust1 |& grep -v "Device or resource busy"
 func TestDmsetupErrorSwap(t *testing.T) {
 	e := newDmsetupEnv(t)
 	dev := e.loop("err", 16<<20)
-	name := "error-test"
+	name := e.name("error-test")
 	node := "/dev/mapper/" + name
 	e.mustSh(fmt.Sprintf(`set -e
 DEV=%s; NAME=%s; SZ=$(blockdev --getsz $DEV)
@@ -463,30 +519,31 @@ dmsetup resume $NAME`, dev, name))
 func TestDmsetupStacked(t *testing.T) {
 	e := newDmsetupEnv(t)
 	dev := e.loop("base", 16<<20)
-	e.must("create", "dmst-base", "--table", "0 32768 linear "+dev+" 0")
-	e.must("create", "dmst-top", "--table", "0 16384 linear /dev/mapper/dmst-base 8192")
-	if got := e.must("table", "dmst-top"); got != "0 16384 linear dmst-base 8192\n" {
+	base, top := e.name("base"), e.name("top")
+	e.must("create", base, "--table", "0 32768 linear "+dev+" 0")
+	e.must("create", top, "--table", "0 16384 linear /dev/mapper/"+base+" 8192")
+	if got := e.must("table", top); got != "0 16384 linear "+base+" 8192\n" {
 		t.Errorf("table of the upper device: %q", got)
 	}
 	var st unix.Stat_t
-	if err := unix.Stat("/dev/mapper/dmst-base", &st); err != nil {
+	if err := unix.Stat("/dev/mapper/"+base, &st); err != nil {
 		t.Fatal(err)
 	}
 	baseNo := fmt.Sprintf("%d, %d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	if got := e.must("deps", "dmst-top"); got != "1 dependencies\t: ("+baseNo+")\n" {
+	if got := e.must("deps", top); got != "1 dependencies\t: ("+baseNo+")\n" {
 		t.Errorf("deps: %q", got)
 	}
-	if got := e.must("deps", "-o", "devname", "dmst-top"); got != "1 dependencies\t: (dmst-base)\n" {
+	if got := e.must("deps", "-o", "devname", top); got != "1 dependencies\t: ("+base+")\n" {
 		t.Errorf("deps -o devname: %q", got)
 	}
-	if got := e.must("ls", "--tree", "-o", "ascii"); !strings.Contains(got, "dmst-top (") || !strings.Contains(got, " `-dmst-base (") {
+	if got := e.must("ls", "--tree", "-o", "ascii"); !strings.Contains(got, top+" (") || !strings.Contains(got, " `-"+base+" (") {
 		t.Errorf("ls --tree:\n%s", got)
 	}
 	// Loading the upper table again through MAJOR:MINOR resolves the same.
-	e.must("load", "dmst-top", "--table", "0 16384 linear "+strings.ReplaceAll(baseNo, ", ", ":")+" 8192")
-	e.must("resume", "dmst-top")
+	e.must("load", top, "--table", "0 16384 linear "+strings.ReplaceAll(baseNo, ", ", ":")+" 8192")
+	e.must("resume", top)
 	data := bytes.Repeat([]byte("stacked!"), 512)
-	f, err := os.OpenFile("/dev/mapper/dmst-top", os.O_WRONLY|syscall.O_DIRECT, 0)
+	f, err := os.OpenFile("/dev/mapper/"+top, os.O_WRONLY|syscall.O_DIRECT, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +553,7 @@ func TestDmsetupStacked(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	g, err := os.OpenFile("/dev/mapper/dmst-base", os.O_RDONLY|syscall.O_DIRECT, 0)
+	g, err := os.OpenFile("/dev/mapper/"+base, os.O_RDONLY|syscall.O_DIRECT, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,31 +564,31 @@ func TestDmsetupStacked(t *testing.T) {
 		t.Errorf("the lower device does not read what the upper wrote: %v", err)
 	}
 	// A new size reaches the block device on resume.
-	e.must("load", "dmst-top", "--table", "0 24576 linear /dev/mapper/dmst-base 8192")
-	if got := strings.TrimSpace(run(t, "blockdev", "--getsz", "/dev/mapper/dmst-top")); got != "16384" {
+	e.must("load", top, "--table", "0 24576 linear /dev/mapper/"+base+" 8192")
+	if got := strings.TrimSpace(run(t, "blockdev", "--getsz", "/dev/mapper/"+top)); got != "16384" {
 		t.Errorf("size after load, before resume: %s sectors", got)
 	}
-	e.must("resume", "dmst-top")
-	if got := strings.TrimSpace(run(t, "blockdev", "--getsz", "/dev/mapper/dmst-top")); got != "24576" {
+	e.must("resume", top)
+	if got := strings.TrimSpace(run(t, "blockdev", "--getsz", "/dev/mapper/"+top)); got != "24576" {
 		t.Errorf("size after resume: %s sectors, want 24576", got)
 	}
-	if _, errs, code := e.dmsetup("", "remove", "dmst-base"); code != 1 ||
-		errs != "device-mapper: remove ioctl on dmst-base  failed: Device or resource busy\nCommand failed.\n" {
+	if _, errs, code := e.dmsetup("", "remove", base); code != 1 ||
+		errs != "device-mapper: remove ioctl on "+base+"  failed: Device or resource busy\nCommand failed.\n" {
 		t.Errorf("remove of the lower device: exit %d, %q", code, errs)
 	}
-	e.must("remove", "dmst-top", "dmst-base")
+	e.must("remove", top, base)
 }
 
 // TestDmsetupSuspendLockFS: a plain suspend freezes the mounted file system
 // (its dirty data reaches the device first, new writes wait for resume);
-// --nolockfs leaves dirty data dirty, and I/O waits for resume.
+// with --nolockfs writes go on, and their I/O waits for resume.
 func TestDmsetupSuspendLockFS(t *testing.T) {
 	e := newDmsetupEnv(t)
 	img := filepath.Join(e.dir, "lockfs.img")
 	sparseFile(t, img, 64<<20)
 	dev := strings.TrimSpace(run(t, "losetup", "-f", "--show", img))
 	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	name := "dmst-lockfs"
+	name := e.name("lockfs")
 	node := "/dev/mapper/" + name
 	e.must("create", name, "--table", "0 131072 linear "+dev+" 0")
 	run(t, "mkfs.ext4", "-q", node)
@@ -572,11 +629,27 @@ func TestDmsetupSuspendLockFS(t *testing.T) {
 		t.Fatalf("create after resume: %v", err)
 	}
 
+	// With --nolockfs the file system is not frozen: a write completes
+	// while the device is suspended, and its data cannot reach the device
+	// (nor can anyone else's sync write it) before resume. Whether data
+	// dirty before the suspend was written back is not checked: any
+	// process's sync(1) may have done it.
 	marker2 := "nolockfs-marker-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	writeFile(t, filepath.Join(mnt, "b"), marker2, false)
+	b, err := os.Create(filepath.Join(mnt, "b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
 	e.must("suspend", "--nolockfs", name)
-	if onDisk(marker2) {
-		t.Error("suspend --nolockfs wrote dirty data back")
+	wrote := make(chan error, 1)
+	go func() { _, err := b.WriteAt([]byte(marker2), 0); wrote <- err }()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatalf("write after suspend --nolockfs: %v", err)
+		}
+	case <-time.After(commandTimeout):
+		t.Fatal("a write blocked after suspend --nolockfs: the file system was frozen")
 	}
 	synced := make(chan error, 1)
 	go func() { synced <- exec.Command("sync", "-f", mnt).Run() }()
@@ -584,6 +657,9 @@ func TestDmsetupSuspendLockFS(t *testing.T) {
 	case err := <-synced:
 		t.Fatalf("syncfs completed on a suspended device (%v)", err)
 	case <-time.After(200 * time.Millisecond):
+	}
+	if onDisk(marker2) {
+		t.Error("data written while suspended reached the device")
 	}
 	e.must("resume", name)
 	if err := <-synced; err != nil {
@@ -600,7 +676,7 @@ func TestDmsetupSuspendLockFS(t *testing.T) {
 func TestDmsetupRemoveMounted(t *testing.T) {
 	e := newDmsetupEnv(t)
 	dev := e.loop("rm", 64<<20)
-	name := "dmst-busy"
+	name := e.name("busy")
 	node := "/dev/mapper/" + name
 	e.must("create", name, "--table", "0 131072 linear "+dev+" 0")
 	run(t, "mkfs.ext4", "-q", node)
@@ -639,13 +715,14 @@ func TestDmsetupSelfReference(t *testing.T) {
 	e := newDmsetupEnv(t)
 	dev := e.loop("self", 8<<20)
 	out := e.mustSh(fmt.Sprintf(`TEST_DEV=%s
-dmsetup create test --table "0 8192 linear ${TEST_DEV} 0"
-dmsetup suspend test
-if dmsetup reload test --table "0 8192 linear /dev/mapper/test 0" &> /dev/null; then
+test=%s
+dmsetup create $test --table "0 8192 linear ${TEST_DEV} 0"
+dmsetup suspend $test
+if dmsetup reload $test --table "0 8192 linear /dev/mapper/$test 0" &> /dev/null; then
 	echo "reload a dm with maps to itself succeed."
 fi
-dmsetup remove test
-[ ! -e /dev/mapper/test ] || echo "node left"`, dev))
+dmsetup remove $test
+[ ! -e /dev/mapper/$test ] || echo "node left"`, dev, e.name("test")))
 	if out != "" {
 		t.Errorf("dm/001 printed:\n%s", out)
 	}
@@ -661,7 +738,7 @@ func TestDmsetupConcurrentStart(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			if out, stderr, code := e.dmsetup("", "create", fmt.Sprintf("dmst-c%d", i), "--table", "0 8 zero"); code != 0 {
+			if out, stderr, code := e.dmsetup("", "create", e.name(fmt.Sprintf("c%d", i)), "--table", "0 8 zero"); code != 0 {
 				errs <- fmt.Sprintf("create %d: exit %d: %s%s", i, code, out, stderr)
 			}
 		}(i)
@@ -678,7 +755,7 @@ func TestDmsetupConcurrentStart(t *testing.T) {
 	if n := strings.Count(string(log), "dmfuse: serving "); n != 1 {
 		t.Errorf("%d daemons started:\n%s", n, log)
 	}
-	if got := strings.Count(e.must("ls"), "dmst-c"); got != 6 {
+	if got := strings.Count(e.must("ls"), e.name("c")); got != 6 {
 		t.Errorf("%d devices listed, want 6", got)
 	}
 	e.must("remove_all")
@@ -690,9 +767,10 @@ func TestDmsetupConcurrentStart(t *testing.T) {
 func TestDmsetupDaemonDies(t *testing.T) {
 	e := newDmsetupEnv(t)
 	dev := e.loop("crash", 64<<20)
-	e.must("create", "dmst-crash", "--table", "0 131072 linear "+dev+" 0")
-	run(t, "mkfs.ext4", "-q", "/dev/mapper/dmst-crash")
-	mnt := e.mountDev("/dev/mapper/dmst-crash", "crash-mnt")
+	crash := e.name("crash")
+	e.must("create", crash, "--table", "0 131072 linear "+dev+" 0")
+	run(t, "mkfs.ext4", "-q", "/dev/mapper/"+crash)
+	mnt := e.mountDev("/dev/mapper/"+crash, "crash-mnt")
 	pid := e.pid()
 	if pid == 0 {
 		t.Fatal("no daemon pid")
@@ -712,7 +790,7 @@ func TestDmsetupDaemonDies(t *testing.T) {
 	before := sockets()
 	waiting := make(chan string, 1)
 	go func() {
-		out, errs, code := e.dmsetup("", "wait", "dmst-crash")
+		out, errs, code := e.dmsetup("", "wait", crash)
 		waiting <- fmt.Sprintf("exit %d: %s%s", code, out, errs)
 	}()
 	for deadline := time.Now().Add(10 * time.Second); sockets() <= before; time.Sleep(5 * time.Millisecond) {
@@ -741,12 +819,108 @@ func TestDmsetupDaemonDies(t *testing.T) {
 	if l := loopsOf(filepath.Join(e.run, "mnt")); len(l) > 0 {
 		t.Errorf("loop devices of the dead daemon left: %v", l)
 	}
-	if _, err := os.Lstat("/dev/mapper/dmst-crash"); err == nil {
+	if _, err := os.Lstat("/dev/mapper/" + crash); err == nil {
 		t.Error("the node of the dead daemon's device is left")
 	}
-	e.must("create", "dmst-after", "--table", "0 8 zero")
+	e.must("create", e.name("after"), "--table", "0 8 zero")
 	if e.pid() == pid || e.pid() == 0 {
 		t.Errorf("no new daemon (pid %d, before %d)", e.pid(), pid)
 	}
-	e.must("remove", "dmst-after")
+	e.must("remove", e.name("after"))
+}
+
+// TestDmsetupBadInput: unknown verbs and options, missing arguments and
+// names the kernel's device-mapper refuses get dmsetup's lines and exit 1
+// and start no daemon; a name of dm's 127-byte limit works; a caller who
+// is not root gets one line.
+func TestDmsetupBadInput(t *testing.T) {
+	e := newDmsetupEnv(t)
+	const failed = "Command failed.\n"
+	long := e.name(strings.Repeat("n", 128-len(e.prefix)))
+	for _, c := range []struct {
+		args   []string
+		stderr string // exact, or the start of it when usage follows
+		usage  bool
+	}{
+		{[]string{"frobnicate"}, "Unknown command.\n", true},
+		{[]string{}, "", true},
+		{[]string{"message", "x"}, "Incorrect number of arguments.\n", true},
+		{[]string{"create", "a", "b", "c"}, "Incorrect number of arguments.\n", true},
+		{[]string{"--bogus", "info"}, "dmsetup: unrecognized option '--bogus'\nCouldn't process command line.\n", false},
+		{[]string{"-x", "info"}, "dmsetup: invalid option -- 'x'\nCouldn't process command line.\n", false},
+		{[]string{"--ta", "0 8 zero", "create", "x"}, "dmsetup: option '--ta' is ambiguous; possibilities: '--table' '--target'\nCouldn't process command line.\n", false},
+		{[]string{"create", "x", "--table"}, "dmsetup: option '--table' requires an argument\nCouldn't process command line.\n", false},
+		{[]string{"-j", "253", "info"}, "Please specify both major number and minor number.\nCouldn't process command line.\n", false},
+		{[]string{"create"}, "Please provide a name for the new device.\n" + failed, false},
+		{[]string{"create", e.name("sl/ash"), "--table", "0 8 zero"}, "Name \"" + e.name("sl/ash") + "\" invalid. It contains \"/\".\n" + failed, false},
+		{[]string{"create", long, "--table", "0 8 zero"}, "Name \"" + long + "\" too long.\n" + failed, false},
+	} {
+		out, errs, code := e.dmsetup("", c.args...)
+		what := "dmsetup " + strings.Join(c.args, " ")
+		if code != 1 || out != "" {
+			t.Errorf("%s: exit %d, stdout %q", what, code, out)
+		}
+		switch {
+		case c.usage:
+			if !strings.HasPrefix(errs, c.stderr+"Usage:\n\ndmsetup") {
+				t.Errorf("%s: stderr %q, want %q and the usage", what, errs, c.stderr)
+			}
+		case c.stderr != "" && errs != c.stderr:
+			t.Errorf("%s: stderr %q, want %q", what, errs, c.stderr)
+		}
+	}
+	if e.pid() != 0 {
+		t.Error("a refused command started the daemon")
+	}
+	// A table the daemon refuses leaves no device.
+	if _, errs, _ := e.dmsetup("", "create", e.name("bad"), "--table", "0 8 nosuchtarget"); !strings.HasPrefix(errs, "device-mapper: reload ioctl on "+e.name("bad")+" (") {
+		t.Errorf("a table with an unknown target: %q", errs)
+	}
+	if got := e.must("ls"); got != "No devices found\n" {
+		t.Errorf("ls after the refused commands: %q", got)
+	}
+
+	name := long[:127]
+	e.must("create", name, "--table", "0 8 zero")
+	if got := strings.TrimSpace(run(t, "blockdev", "--getsz", "/dev/mapper/"+name)); got != "8" {
+		t.Errorf("a 127-byte name: %s sectors", got)
+	}
+	e.must("remove", name)
+	waitGone(t, "/dev/mapper/"+name)
+
+	// Not root: a copy of dmfuse that nobody may run, as dmsetup.
+	dir, err := os.MkdirTemp("", "dmfuse-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin, err := os.ReadFile(dmfuseBin)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "dmfuse"), bin, 0o755)
+	}
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err == nil {
+		err = os.Symlink("dmfuse", filepath.Join(dir, "dmsetup"))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"create", e.name("x"), "--table", "0 8 zero"}, {"ls"}, {"remove_all"}} {
+		cmd := exec.Command(filepath.Join(dir, "dmsetup"), args...)
+		cmd.Env, cmd.Dir = e.env, "/"
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || out.Len() != 0 ||
+			errb.String() != "dmsetup: permission denied: managing dmfuse devices needs root.\n" {
+			t.Errorf("dmsetup %s as nobody: %v, %q, %q", strings.Join(args, " "), err, out.String(), errb.String())
+		}
+	}
+	if pid := e.pid(); pid == 0 {
+		t.Error("no daemon after the create")
+	}
 }

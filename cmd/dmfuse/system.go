@@ -42,8 +42,8 @@ import (
 // defaultRunDir is the system instance's folder.
 const defaultRunDir = "/run/dmfuse"
 
-// startTimeout bounds how long a command waits for a daemon it started.
-const startTimeout = 10 * time.Second
+// startTimeout bounds how long a command waits for a daemon to serve.
+var startTimeout = 10 * time.Second
 
 // system is the system instance of one run folder.
 type system struct{ dir string }
@@ -122,7 +122,7 @@ func (s system) cleanup(w func(string)) {
 // serves; without start it returns nil.
 func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	if s.running() {
-		return s.ready()
+		return s.ready(false)
 	}
 	if _, err := os.Stat(s.dir); errors.Is(err, os.ErrNotExist) && !start {
 		return nil, nil
@@ -133,7 +133,7 @@ func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	}
 	defer lock.Close()
 	if s.running() {
-		return s.ready()
+		return s.ready(true)
 	}
 	s.cleanup(warn)
 	if !start {
@@ -145,8 +145,14 @@ func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	return &socketCaller{s.socket()}, nil
 }
 
+// readyFDEnv names the file descriptor on which a daemon started by start
+// says that it serves: it writes one byte once its control socket listens.
+const readyFDEnv = "DMFUSE_READY_FD"
+
 // start starts the daemon detached from the caller (its own session, stdio
-// on the log file) and waits until it answers.
+// on the log file) and waits until it serves: the daemon writes a byte on
+// an inherited pipe once its socket listens, and the pipe reads EOF if it
+// exits before.
 func (s system) start() error {
 	self, err := os.Executable()
 	if err != nil {
@@ -162,48 +168,64 @@ func (s system) start() error {
 		return err
 	}
 	defer null.Close()
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
 	cmd := exec.Command(self, "daemon")
-	cmd.Env = append(os.Environ(), "DMFUSE_RUN_DIR="+s.dir)
+	cmd.Env = append(os.Environ(), "DMFUSE_RUN_DIR="+s.dir, readyFDEnv+"=3")
 	cmd.Dir = "/"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, log, log
+	cmd.ExtraFiles = []*os.File{wr}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	wr.Close()
+	if err != nil {
 		return fmt.Errorf("starting the dmfuse daemon: %w", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	deadline := time.Now().Add(startTimeout)
-	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
-		if c, err := net.Dial("unix", s.socket()); err == nil {
-			c.Close()
-			return nil
-		}
-		select {
-		case err := <-exited:
-			return fmt.Errorf("the dmfuse daemon exited (%v); see %s", err, s.path("daemon.log"))
-		case <-time.After(wait):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the dmfuse daemon did not answer within %v; see %s", startTimeout, s.path("daemon.log"))
-		}
+	// The daemon outlives this command: it is not waited for, so that it
+	// is never left a zombie of a long-lived caller either.
+	go cmd.Wait()
+	rd.SetReadDeadline(time.Now().Add(startTimeout))
+	var b [1]byte
+	if n, err := rd.Read(b[:]); n == 1 {
+		return nil
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("the dmfuse daemon did not answer within %v; see %s", startTimeout, s.path("daemon.log"))
 	}
+	return fmt.Errorf("the dmfuse daemon exited before it served; see %s", s.path("daemon.log"))
 }
 
-// ready waits until a running daemon answers on its socket: one that has
-// just started takes its lock before it listens.
-func (s system) ready() (*socketCaller, error) {
-	deadline := time.Now().Add(startTimeout)
-	for wait := time.Millisecond; ; wait = min(2*wait, 20*time.Millisecond) {
+// ready returns a caller for a running daemon once it answers on its
+// socket. One that has just started holds its lock before it listens, and
+// the command that started it holds the start lock until it listens: so
+// wait for that lock (unless the caller holds it: locked), and poll only
+// for a daemon started by hand or one that is stopping.
+func (s system) ready(locked bool) (*socketCaller, error) {
+	dial := func() bool {
 		c, err := net.Dial("unix", s.socket())
 		if err == nil {
 			c.Close()
-			return &socketCaller{s.socket()}, nil
 		}
-		if !s.running() || time.Now().After(deadline) {
-			return &socketCaller{s.socket()}, nil // Call reports why it cannot connect
+		return err == nil
+	}
+	if dial() {
+		return &socketCaller{s.socket()}, nil
+	}
+	if !locked {
+		if lock, err := s.lockStart(); err == nil {
+			lock.Close()
+			if dial() {
+				return &socketCaller{s.socket()}, nil
+			}
 		}
+	}
+	deadline := time.Now().Add(startTimeout)
+	for wait := time.Millisecond; !dial() && s.running() && time.Now().Before(deadline); wait = min(2*wait, 20*time.Millisecond) {
 		time.Sleep(wait)
 	}
+	return &socketCaller{s.socket()}, nil // Call reports why it cannot connect
 }
 
 // socketCaller sends requests to a daemon's control socket.
@@ -221,6 +243,11 @@ type DaemonCmd struct{}
 // left in use.
 func (c *DaemonCmd) Run() error {
 	s := systemInstance()
+	ready := readyPipe()
+	if ready != nil {
+		// Closed at exit whatever happens: the starter then reads EOF.
+		defer ready.Close()
+	}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return err
 	}
@@ -292,6 +319,10 @@ func (c *DaemonCmd) Run() error {
 	}()
 	defer ctl.Close()
 	logf("serving %s: mount %s, control socket %s, nodes in %s", s.dir, mnt, s.socket(), mapperDir())
+	if ready != nil {
+		ready.Write([]byte{1})
+		ready.Close()
+	}
 
 	done := make(chan struct{})
 	go func() { srv.Wait(); close(done) }()
@@ -314,6 +345,19 @@ func (c *DaemonCmd) Run() error {
 			return nil
 		}
 	}
+}
+
+// readyPipe returns the pipe on which the daemon says that it serves
+// (readyFDEnv), nil if it was started without one. Programs the daemon
+// runs do not inherit it.
+func readyPipe() *os.File {
+	fd, err := strconv.Atoi(os.Getenv(readyFDEnv))
+	os.Unsetenv(readyFDEnv)
+	if err != nil || fd < 3 {
+		return nil
+	}
+	unix.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), "ready")
 }
 
 // StopCmd is `dmfuse stop`: stop the system instance.

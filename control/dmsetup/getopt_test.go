@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestGetopt(t *testing.T) {
+func TestDmsetupGetopt(t *testing.T) {
 	for _, c := range []struct {
 		args  []string
 		posix bool

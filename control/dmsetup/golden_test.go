@@ -8,11 +8,11 @@ import (
 	"github.com/dmfuse/dmfuse/test/golden"
 )
 
-// TestTranscript runs the verbs around stacked devices (ls --tree, deps,
+// TestDmsetupTranscript runs the verbs around stacked devices (ls --tree, deps,
 // column fields, --target, -v, wipe_table, remove_all) and compares the
 // session with testdata/transcript.golden. Paths of the test's folder show
 // as DIR.
-func TestTranscript(t *testing.T) {
+func TestDmsetupTranscript(t *testing.T) {
 	h := newHarness(t)
 	h.env["LANG"] = "C.UTF-8"
 	tr := &transcript{h: h}

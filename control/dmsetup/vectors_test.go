@@ -31,11 +31,11 @@ func args(s ...string) []string { return s }
 
 const failed = "Command failed.\n"
 
-// TestVectorsLifecycle follows dmsetup's test vectors V1 to V12 (create,
+// TestDmsetupVectorsLifecycle follows dmsetup's test vectors V1 to V12 (create,
 // info, table and status, ls, deps, columns, absent devices, load errors,
 // failed create, table files, suspend, remove, messages). Tables use a
 // file where the vectors use 7:0.
-func TestVectorsLifecycle(t *testing.T) {
+func TestDmsetupVectorsLifecycle(t *testing.T) {
 	h := newHarness(t)
 	a := filepath.Join(h.dir, "a.img")
 	info := "Name:              test\nState:             ACTIVE\nRead Ahead:        256\nTables present:    LIVE\n" +
@@ -148,10 +148,10 @@ func TestVectorsLifecycle(t *testing.T) {
 	})
 }
 
-// TestVectorsParsing follows V13 to V19: paths, dispatch and option
+// TestDmsetupVectorsParsing follows V13 to V19: paths, dispatch and option
 // errors, rename, empty lists (without starting a daemon), version,
 // concise create and the udev verbs.
-func TestVectorsParsing(t *testing.T) {
+func TestDmsetupVectorsParsing(t *testing.T) {
 	h := newHarness(t)
 	usageText := captureUsage()
 	h.check([]vector{
@@ -246,8 +246,8 @@ func TestVectorsParsing(t *testing.T) {
 	}
 }
 
-// TestNotRoot: a caller who is not root gets one line, and no daemon.
-func TestNotRoot(t *testing.T) {
+// TestDmsetupNotRoot: a caller who is not root gets one line, and no daemon.
+func TestDmsetupNotRoot(t *testing.T) {
 	h := newHarness(t)
 	var out, errb strings.Builder
 	code := Run(&Env{Prog: "dmsetup", Args: []string{"create", "x", "--table", "0 8 zero"}, Stdin: strings.NewReader(""),

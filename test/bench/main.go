@@ -1,4 +1,5 @@
-// Command bench measures dmfuse devices against the FUSE floor with fio, side
+// Command bench measures dmfuse devices against the FUSE floor, or dmfuse's
+// transports against each other and the kernel's loop device, with fio, side
 // by side in one run.
 //
 //	go run ./test/bench [-devices LIST] [-jobs LIST] [-pairs N] [-runtime D] [-out FILE]
@@ -34,29 +35,52 @@
 // column with the median of the per-pair ratios current/ref, to compare a
 // change against the code before it in one run.
 //
+// # The io_uring suites
+//
+//	go run ./test/bench -suite uring|transports,multipath,delay,idle [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D]
+//
+// compare dmfuse's transports instead. Each config of -configs
+// (NAME[@REV]=FLAGS, separated by ';'; by default dev, uring and uring-poll:
+// --transport=dev, --transport=uring, --transport=uring --poll=50us) is a
+// dmfuse daemon of its own, built from the working tree or from git revision
+// REV, mounted with FLAGS beside the others over the same tmpfs file (the
+// fuse module's enable_uring is on while they mount, then put back). Every
+// run is repeated in -rounds interleaved rounds, each round starting with the
+// next daemon; the tables give medians and the median (min-max) of the
+// per-round ratios, the first config being the reference. The suites:
+//
+//   - transports: each -jobs job on each daemon's linear device and on a loop
+//     device with direct I/O over the same file; ratios to the first config
+//     and to the loop device; latency, daemon CPU (utime+stime of
+//     /proc/PID/stat over the middle of the run) and CPU per 1k IOPS.
+//   - multipath: 4k randread libaio 2x16 on historical-service-time over one
+//     fast path (linear) and three delayed ones (-mp-delay ms), on multipath
+//     over the fast path alone, and on the fast path itself.
+//   - delay: 4k QD1 reads and writes on 1 ms and 10 ms delay devices, each
+//     after the same job on a zero-delay device with fio --thinktime equal to
+//     the delay, whose mean completion latency gives the ceiling
+//     1 / (delay + that latency); and 2x32 writes on 10 ms against 64 / delay.
+//   - idle: per daemon, a QD1 load, then its CPU while no I/O runs for -idle.
+//
 // Everything it set up (fio, loop device, mounts, daemons, tmpfs, scratch
 // folder) is torn down on exit, on error and on SIGINT or SIGTERM.
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/dmfuse/dmfuse/test/bench/benchkit"
-
-	"golang.org/x/sys/unix"
 )
 
 // job is one fio workload.
@@ -97,8 +121,9 @@ type sample struct {
 
 func main() {
 	var (
+		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,multipath,delay,idle")
 		devices = flag.String("devices", strings.Join(allDevices, ","), "devices to measure against the baseline")
-		jobs    = flag.String("jobs", jobNames(), "fio jobs to run")
+		jobs    = flag.String("jobs", jobNames(), "fio jobs to run (devices and transports suites)")
 		pairs   = flag.Int("pairs", 5, "interleaved (baseline, device) pairs per job and device")
 		rt      = flag.Duration("runtime", 2*time.Second, "fio runtime of one run, after a ramp of a quarter of it")
 		size    = flag.Int64("size", 512, "size of each device and backing file, MiB")
@@ -109,46 +134,82 @@ func main() {
 		hold    = flag.Bool("hold", false, "after setting up, print the mounts and wait for SIGINT (for profiling by hand)")
 		ref     = flag.String("ref", "", "git revision of dmfuse to compare against, run after each dmfuse device (NAME@ref)")
 		refArgs = flag.String("ref-args", "", "extra mount flags of the -ref daemon, space separated")
+
+		rounds  = flag.Int("rounds", 5, "io_uring suites: interleaved rounds")
+		configs = flag.String("configs", defaultConfigs, "io_uring suites: the dmfuse daemons, NAME[@REV]=FLAGS separated by ';' (REV: a git revision to build; the first is the reference of the ratios)")
+		delayRt = flag.Duration("delay-runtime", 3*time.Second, "io_uring suites: fio runtime of each delay row, after a ramp of a quarter of it")
+		idle    = flag.Duration("idle", 10*time.Second, "io_uring suites: how long to measure each idle daemon's CPU")
+		mpDelay = flag.Float64("mp-delay", 2, "io_uring suites: delay of multipath's slow paths, ms")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run ./test/bench [flags]\n\nNeeds root, /dev/fuse, fio and losetup (util-linux).\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	b := &bench{pairs: *pairs, runtime: *rt, size: *size << 20, out: *out, hold: *hold, transport: *transp, daemonArgs: strings.Fields(*xarg),
-		ref: *ref, refArgs: strings.Fields(*refArgs)}
-	if *env != "" {
-		b.daemonEnv = strings.Split(*env, ",")
+	js, err := pick(*jobs, allJobs)
+	if err == nil && (*pairs < 1 || *rounds < 1) {
+		err = errors.New("-pairs and -rounds must be at least 1")
 	}
-	var err error
-	if b.jobs, err = pick(*jobs, allJobs); err == nil {
-		b.devices, err = pickDevices(*devices)
-	}
-	if err == nil && b.pairs < 1 {
-		err = errors.New("-pairs must be at least 1")
+	if err == nil && *idle < 2*time.Second {
+		err = errors.New("-idle must be at least 2s (its first second is reported apart)")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	go func() {
-		s := <-sigs
-		fmt.Fprintf(os.Stderr, "\nbench: %v: stopping and cleaning up\n", s)
-		cancel()
-	}()
-	err = b.run(ctx)
-	b.cleanup()
-	if err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
+	ctx, stop := benchkit.SignalContext("bench")
+	defer stop()
+	if *suite != "devices" {
+		ub := &ubench{rounds: *rounds, runtime: *rt, delayRuntime: *delayRt, idle: *idle, size: *size << 20,
+			mpDelay: strconv.FormatFloat(*mpDelay, 'f', -1, 64), jobs: js}
+		if ub.suites, err = parseSuites(*suite); err == nil {
+			ub.configs, err = parseConfigs(*configs)
 		}
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
+		report, err := ub.run(ctx)
+		ub.undo.Run()
+		if err == nil {
+			fmt.Print(report)
+			err = os.WriteFile(*out, []byte(report), 0o644)
+		}
+		exit(ctx, err)
+		logf("wrote %s", *out)
+		return
 	}
+	b := &bench{pairs: *pairs, runtime: *rt, size: *size << 20, out: *out, hold: *hold, transport: *transp, daemonArgs: strings.Fields(*xarg),
+		ref: *ref, refArgs: strings.Fields(*refArgs), jobs: js}
+	if *env != "" {
+		b.daemonEnv = strings.Split(*env, ",")
+	}
+	if b.devices, err = pickDevices(*devices); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	err = b.run(ctx)
+	b.undo.Run()
+	exit(ctx, err)
+}
+
+// exit exits 1 after saying why if err is not nil (the signal, if ctx was
+// cancelled by one).
+func exit(ctx context.Context, err error) {
+	if err == nil {
+		return
+	}
+	if ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+// jobNamed returns the job called name.
+func jobNamed(name string) job {
+	i := slices.IndexFunc(allJobs, func(j job) bool { return j.name == name })
+	return allJobs[i]
 }
 
 func jobNames() string {
@@ -203,24 +264,15 @@ type bench struct {
 
 	scratch   string
 	tmpfs     string
-	undo      []func() // run last first by cleanup
+	undo      benchkit.Undo
 	paths     map[string]string
 	dmfusePID int
-}
-
-func (b *bench) defer_(f func()) { b.undo = append(b.undo, f) }
-
-func (b *bench) cleanup() {
-	for i := len(b.undo) - 1; i >= 0; i-- {
-		b.undo[i]()
-	}
-	b.undo = nil
 }
 
 func logf(format string, a ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", a...) }
 
 func (b *bench) run(ctx context.Context) error {
-	if err := b.check(); err != nil {
+	if err := check(slices.Contains(b.devices, "loop")); err != nil {
 		return err
 	}
 	if err := b.setup(ctx); err != nil {
@@ -285,8 +337,8 @@ func (b *bench) run(ctx context.Context) error {
 	return nil
 }
 
-// check fails early, saying what is missing.
-func (b *bench) check() error {
+// check fails early, saying what is missing; loop asks for losetup.
+func check(loop bool) error {
 	var miss []string
 	if os.Geteuid() != 0 {
 		miss = append(miss, "root (for mounts and loop devices)")
@@ -295,7 +347,7 @@ func (b *bench) check() error {
 		miss = append(miss, "/dev/fuse")
 	}
 	need := []string{"fio", "go"}
-	if slices.Contains(b.devices, "loop") {
+	if loop {
 		need = append(need, "losetup")
 	}
 	for _, t := range need {
@@ -314,35 +366,23 @@ func (b *bench) ramp() time.Duration { return b.runtime / 4 }
 // setup builds the binaries, mounts the tmpfs and both file systems and
 // attaches the loop device.
 func (b *bench) setup(ctx context.Context) error {
-	var err error
-	if b.scratch, err = os.MkdirTemp("", "dmfuse-bench-"); err != nil {
-		return err
-	}
-	b.defer_(func() { os.RemoveAll(b.scratch) })
-
-	modDir, err := benchkit.ModuleDir()
+	scratch, modDir, err := benchkit.Scratch(&b.undo, "dmfuse-bench")
 	if err != nil {
 		return err
 	}
+	b.scratch = scratch
 	logf("building dmfuse and the baseline in %s", b.scratch)
 	for _, p := range [][2]string{{"dmfuse", "./cmd/dmfuse"}, {"baseline", "./test/bench/baseline"}} {
-		c := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(b.scratch, p[0]), p[1])
-		c.Dir = modDir
-		if out, err := c.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build %s: %v\n%s", p[1], err, out)
+		if err := benchkit.Build(ctx, modDir, filepath.Join(b.scratch, p[0]), p[1]); err != nil {
+			return err
 		}
 	}
 
 	// A private tmpfs: one unmount removes every backing file.
 	b.tmpfs = filepath.Join(b.scratch, "tmpfs")
-	if err := os.Mkdir(b.tmpfs, 0o755); err != nil {
+	if err := benchkit.MountTmpfs(&b.undo, b.tmpfs, 3*b.size+64<<20); err != nil {
 		return err
 	}
-	tsize := fmt.Sprintf("size=%dk", (3*b.size+64<<20)>>10)
-	if err := unix.Mount("tmpfs", b.tmpfs, "tmpfs", 0, tsize); err != nil {
-		return fmt.Errorf("mount tmpfs: %w", err)
-	}
-	b.defer_(func() { benchkit.Unmount(b.tmpfs) })
 	lin, s0, s1 := filepath.Join(b.tmpfs, "lin.img"), filepath.Join(b.tmpfs, "s0.img"), filepath.Join(b.tmpfs, "s1.img")
 	// Filled with data: tmpfs reads holes without touching a page, which
 	// would flatter every read.
@@ -399,30 +439,19 @@ func (b *bench) setup(ctx context.Context) error {
 		}
 	}
 	if slices.Contains(b.devices, "loop") {
-		out, err := exec.CommandContext(ctx, "losetup", "--direct-io=on", "-f", "--show", lin).Output()
-		if err != nil {
-			return fmt.Errorf("losetup: %w", err)
+		if b.paths["loop"], err = benchkit.AttachLoop(ctx, &b.undo, lin); err != nil {
+			return err
 		}
-		loop := strings.TrimSpace(string(out))
-		b.defer_(func() {
-			if err := exec.Command("losetup", "-d", loop).Run(); err != nil {
-				logf("losetup -d %s: %v", loop, err)
-			}
-		})
-		b.paths["loop"] = loop
 	}
 	return nil
 }
 
-// daemon starts a FUSE server (benchkit.StartServer), stops it at cleanup,
-// and waits until ready exists and is not empty; it returns the server's pid.
+// daemon starts a FUSE server (benchkit.StartMounted), stops it at
+// cleanup, and waits until ready exists and is not empty; it returns the
+// server's pid.
 func (b *bench) daemon(ctx context.Context, name, mnt, ready string, env []string, argv ...string) (int, error) {
-	srv, err := benchkit.StartServer(name, mnt, env, argv...)
+	srv, err := benchkit.StartMounted(ctx, &b.undo, name, mnt, benchkit.FileReady(ready), env, argv...)
 	if err != nil {
-		return 0, err
-	}
-	b.defer_(func() { srv.Stop(10 * time.Second) })
-	if err := srv.WaitReady(ctx, benchkit.FileReady(ready)); err != nil {
 		return 0, err
 	}
 	return srv.Pid, nil
@@ -430,45 +459,24 @@ func (b *bench) daemon(ctx context.Context, name, mnt, ready string, env []strin
 
 // fio runs job j on device d once.
 func (b *bench) fio(ctx context.Context, j job, d string) (sample, error) {
-	args := append([]string{
-		"--name=" + j.name, "--filename=" + b.paths[d], "--direct=1", "--thread",
-		"--time_based", fmt.Sprintf("--runtime=%dms", b.runtime.Milliseconds()),
-		fmt.Sprintf("--ramp_time=%dms", b.ramp().Milliseconds()),
-		fmt.Sprintf("--size=%d", b.size), "--group_reporting", "--lat_percentiles=1",
-		"--randrepeat=0", "--output-format=json",
-	}, j.args...)
-	c := exec.CommandContext(ctx, "fio", args...)
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-	var stderr bytes.Buffer
-	c.Stderr = &stderr
-	out, err := c.Output()
+	args := append(benchkit.FioArgs(j.name, b.paths[d], b.runtime, b.ramp(), b.size), "--lat_percentiles=1")
+	r, err := benchkit.RunFio(ctx, "", append(args, j.args...)...)
 	if err != nil {
-		return sample{}, fmt.Errorf("fio %s on %s: %v\n%s", j.name, d, err, stderr.String())
+		return sample{}, fmt.Errorf("%s on %s: %w", j.name, d, err)
 	}
-	return parseFio(out, j.write)
-}
-
-// parseFio reads the group-reported result of fio's JSON output.
-func parseFio(out []byte, write bool) (sample, error) {
-	j, err := benchkit.ParseFio(out)
-	if err != nil {
-		return sample{}, err
+	dir := r.Read
+	if j.write {
+		dir = r.Write
 	}
-	d := j.Read
-	if write {
-		d = j.Write
-	}
-	return sample{iops: d.IOPS, mbps: d.BWBytes / 1e6, meanUs: d.Lat.Mean / 1e3, p99Us: d.Lat.Percentile["99.000000"] / 1e3}, nil
+	return sample{iops: dir.IOPS, mbps: dir.BWBytes / 1e6, meanUs: dir.Lat.Mean / 1e3, p99Us: dir.Lat.Percentile["99.000000"] / 1e3}, nil
 }
 
 // report renders the results as markdown.
 func (b *bench) report(res map[string]map[string][]sample, ratios, refs map[string]map[string][]float64, took time.Duration) string {
 	var w strings.Builder
 	host, _ := os.Hostname()
-	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s, %s; dmfuse transport %q %q; %d pairs x %v per job (+%v ramp), took %v; load average at the end: %s\n\n",
-		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), host, b.transport, b.daemonArgs, b.pairs, b.runtime, b.ramp(), took.Round(time.Second), strings.Join(strings.Fields(string(load))[:3], " "))
+		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), host, b.transport, b.daemonArgs, b.pairs, b.runtime, b.ramp(), took.Round(time.Second), benchkit.Loadavg())
 	if b.ref != "" {
 		fmt.Fprintf(&w, "NAME@ref is dmfuse as of %s (mount flags %q); \"vs @ref\" is the median (min-max) of the per-pair ratios NAME / NAME@ref.\n\n", b.ref, b.refArgs)
 		fmt.Fprintf(&w, "| job | device | IOPS | MB/s | mean lat | p99 lat | ratio (min-max) | vs @ref |\n|---|---|---:|---:|---:|---:|---|---|\n")
@@ -558,8 +566,7 @@ func (b *bench) checkBaseline(j job, res map[string][]sample) string {
 			msg += ": the FUSE round trip is shorter here than where the notes were measured"
 		}
 	}
-	load, _ := os.ReadFile("/proc/loadavg")
-	return msg + fmt.Sprintf("; load average %s (other processes share the %d CPUs)", strings.Join(strings.Fields(string(load))[:3], " "), runtime.NumCPU())
+	return msg + fmt.Sprintf("; load average %s (other processes share the %d CPUs)", benchkit.Loadavg(), runtime.NumCPU())
 }
 
 // ratio compares a with b: IOPS, or bandwidth for the 1 MiB jobs.
@@ -613,35 +620,10 @@ func us(v float64) string {
 // archive`, built with the module cache) and mounts it with the same config
 // on a folder of its own; its devices are NAME@ref.
 func (b *bench) setupRef(ctx context.Context, modDir, cfgPath string) error {
-	src := filepath.Join(b.scratch, "ref-src")
-	if err := os.Mkdir(src, 0o755); err != nil {
-		return err
-	}
-	archive := exec.CommandContext(ctx, "git", "-C", modDir, "archive", "--format=tar", b.ref)
-	untar := exec.CommandContext(ctx, "tar", "-x", "-C", src)
-	pipe, err := archive.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	untar.Stdin = pipe
-	var aerr, terr bytes.Buffer
-	archive.Stderr, untar.Stderr = &aerr, &terr
-	if err := untar.Start(); err != nil {
-		return err
-	}
-	if err := archive.Run(); err != nil {
-		untar.Wait()
-		return fmt.Errorf("git archive %s: %v\n%s", b.ref, err, aerr.String())
-	}
-	if err := untar.Wait(); err != nil {
-		return fmt.Errorf("tar: %v\n%s", err, terr.String())
-	}
 	bin := filepath.Join(b.scratch, "dmfuse-ref")
 	logf("building dmfuse as of %s", b.ref)
-	c := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/dmfuse")
-	c.Dir = src
-	if out, err := c.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build of %s: %v\n%s", b.ref, err, out)
+	if err := benchkit.BuildRev(ctx, modDir, b.ref, filepath.Join(b.scratch, "ref-src"), bin, "./cmd/dmfuse"); err != nil {
+		return err
 	}
 	mnt := filepath.Join(b.scratch, "dmref")
 	argv := []string{bin, "mount", "--config", cfgPath, "--control", filepath.Join(b.scratch, "ref.sock")}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -193,6 +194,20 @@ func FileReady(path string) func() bool {
 	}
 }
 
+// StartMounted starts a server as StartServer does, pushes its Stop (with
+// a grace of 20 s) on u, and waits until ready reports that it answers.
+func StartMounted(ctx context.Context, u *Undo, name, mnt string, ready func() bool, env []string, argv ...string) (*Server, error) {
+	srv, err := StartServer(name, mnt, env, argv...)
+	if err != nil {
+		return nil, err
+	}
+	u.Push(func() { srv.Stop(20 * time.Second) })
+	if err := srv.WaitReady(ctx, ready); err != nil {
+		return nil, err
+	}
+	return srv, nil
+}
+
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
@@ -235,4 +250,73 @@ func ParseFio(out []byte) (*FioJob, error) {
 		return nil, errors.New("cannot parse fio output: no jobs")
 	}
 	return &r.Jobs[0], nil
+}
+
+// CPUTicks returns the utime+stime of process pid in clock ticks of
+// USER_HZ (CPUTime in TicksPerSec units), or 0 when it cannot be read.
+func CPUTicks(pid int) int64 {
+	return int64(CPUTime(pid) / (time.Second / TicksPerSec))
+}
+
+// TicksPerSec is USER_HZ, the unit of CPUTicks.
+const TicksPerSec = 100
+
+// FioRandWrite runs fio 4 KiB random writes with O_DIRECT on dev for rt,
+// with extra arguments (engine, depth, jobs, fsync), and returns the write
+// IOPS.
+func FioRandWrite(ctx context.Context, dev string, rt time.Duration, extra ...string) (float64, error) {
+	args := append([]string{"--name=randwrite", "--filename=" + dev, "--rw=randwrite", "--bs=4k", "--direct=1",
+		"--group_reporting", "--time_based", fmt.Sprintf("--runtime=%ds", int(rt.Seconds())), "--output-format=json"}, extra...)
+	out, err := exec.CommandContext(ctx, "fio", args...).Output()
+	if err != nil {
+		return 0, fmt.Errorf("fio %s: %v", strings.Join(extra, " "), err)
+	}
+	j, err := ParseFio(out)
+	if err != nil {
+		return 0, err
+	}
+	return j.Write.IOPS, nil
+}
+
+// Ctl runs `bin --control sock args...` (a dmfuse control command) and
+// returns its output.
+func Ctl(bin, sock string, args ...string) (string, error) {
+	out, err := exec.Command(bin, append([]string{"--control", sock}, args...)...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("dmfuse %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// Job is one fio job of a table: its title and the arguments it adds.
+type Job struct {
+	Title string
+	Args  []string
+}
+
+// RandWriteJobs are the write jobs that measure what a target costs against
+// the same stack without it, for FioRandWrite: psync QD1 and libaio 2 jobs
+// x QD32, each without flushes and with an fsync every 32 writes.
+var RandWriteJobs = []Job{
+	{"randwrite psync QD1", []string{"--ioengine=psync", "--iodepth=1", "--numjobs=1"}},
+	{"randwrite psync QD1, fsync/32", []string{"--ioengine=psync", "--iodepth=1", "--numjobs=1", "--fsync=32"}},
+	{"randwrite libaio 2x32", []string{"--ioengine=libaio", "--iodepth=32", "--numjobs=2"}},
+	{"randwrite libaio 2x32, fsync/32", []string{"--ioengine=libaio", "--iodepth=32", "--numjobs=2", "--fsync=32"}},
+}
+
+// Main runs run, which writes its tables to w, printing them and, when out
+// is not empty, writing them to the file out too; on an error it prints
+// "NAME bench: ERROR" and exits with status 1.
+func Main(name, out string, run func(w io.Writer) error) {
+	var res bytes.Buffer
+	if err := run(io.MultiWriter(os.Stdout, &res)); err != nil {
+		fmt.Fprintf(os.Stderr, "%s bench: %v\n", name, err)
+		os.Exit(1)
+	}
+	if out != "" {
+		if err := os.WriteFile(out, res.Bytes(), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 }

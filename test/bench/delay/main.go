@@ -31,25 +31,20 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/dmfuse/dmfuse/test/bench/benchkit"
-
-	"golang.org/x/sys/unix"
 )
 
 // row is one measured line of the table.
@@ -95,16 +90,10 @@ func main() {
 	flag.Parse()
 	b := &bench{runtime: *rt, zeroRuntime: *zrt, idle: *idle, size: *size << 20, transport: *tr, extra: strings.Fields(*xarg)}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	go func() {
-		s := <-sigs
-		fmt.Fprintf(os.Stderr, "\ndelay bench: %v: stopping and cleaning up\n", s)
-		cancel()
-	}()
+	ctx, stop := benchkit.SignalContext("delay bench")
+	defer stop()
 	report, err := b.run(ctx)
-	b.cleanup()
+	b.undo.Run()
 	if err != nil {
 		if ctx.Err() != nil {
 			err = ctx.Err()
@@ -131,17 +120,10 @@ type bench struct {
 	scratch string
 	mnt     string
 	pid     int
-	undo    []func() // run last first by cleanup
+	undo    benchkit.Undo
 }
 
 func logf(format string, a ...any) { fmt.Fprintf(os.Stderr, "delay bench: "+format+"\n", a...) }
-
-func (b *bench) cleanup() {
-	for i := len(b.undo) - 1; i >= 0; i-- {
-		b.undo[i]()
-	}
-	b.undo = nil
-}
 
 func (b *bench) run(ctx context.Context) (string, error) {
 	if err := check(); err != nil {
@@ -151,7 +133,7 @@ func (b *bench) run(ctx context.Context) (string, error) {
 		return "", err
 	}
 	var w strings.Builder
-	load0 := loadavg()
+	load0 := benchkit.Loadavg()
 	start := time.Now()
 
 	time.Sleep(time.Second) // let the daemon settle after mounting
@@ -206,7 +188,7 @@ func (b *bench) run(ctx context.Context) (string, error) {
 	}
 
 	fmt.Fprintf(&w, "fio %s, %d CPUs, kernel %s; %v per row after a 2 s ramp, %v per zero-delay run; took %v; load average before %s, after %s\n\n",
-		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), b.runtime, b.zeroRuntime, time.Since(start).Round(time.Second), load0, loadavg())
+		benchkit.FioVersion(), runtime.NumCPU(), benchkit.Kernel(), b.runtime, b.zeroRuntime, time.Since(start).Round(time.Second), load0, benchkit.Loadavg())
 	fmt.Fprintf(&w, "| fio job (4k, --direct=1) | IOPS | ceiling | %% of ceiling | late p50 | late p99 | zero-delay round trip (mean / p50 / p99) | after an idle gap (mean / p50 / p99) | idle-gap bound | %% of bound |\n")
 	fmt.Fprintf(&w, "|---|---:|---:|---:|---:|---:|---|---|---:|---:|\n")
 	for _, l := range lines {
@@ -239,9 +221,8 @@ func lateUs(v float64) string {
 	return fmt.Sprintf("%.0f us", v)
 }
 
-func msPerSec(ticks int64, d time.Duration) float64 {
-	hz := 100.0 // USER_HZ on Linux
-	return float64(ticks) / hz * 1e3 / d.Seconds()
+func msPerSec(cpu, d time.Duration) float64 {
+	return float64(cpu.Microseconds()) / 1e3 / d.Seconds()
 }
 
 // check fails early, saying what is missing.
@@ -266,31 +247,20 @@ func check() error {
 
 // setup builds dmfuse, mounts the tmpfs and the daemon.
 func (b *bench) setup(ctx context.Context) error {
-	var err error
-	if b.scratch, err = os.MkdirTemp("", "dmfuse-delay-bench-"); err != nil {
-		return err
-	}
-	b.undo = append(b.undo, func() { os.RemoveAll(b.scratch) })
-	modDir, err := benchkit.ModuleDir()
+	scratch, modDir, err := benchkit.Scratch(&b.undo, "dmfuse-delay-bench")
 	if err != nil {
 		return err
 	}
+	b.scratch = scratch
 	bin := filepath.Join(b.scratch, "dmfuse")
 	logf("building dmfuse in %s", b.scratch)
-	c := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/dmfuse")
-	c.Dir = modDir
-	if out, err := c.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build: %v\n%s", err, out)
-	}
-
-	tmpfs := filepath.Join(b.scratch, "tmpfs")
-	if err := os.Mkdir(tmpfs, 0o755); err != nil {
+	if err := benchkit.Build(ctx, modDir, bin, "./cmd/dmfuse"); err != nil {
 		return err
 	}
-	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, fmt.Sprintf("size=%dk", (b.size+16<<20)>>10)); err != nil {
-		return fmt.Errorf("mount tmpfs: %w", err)
+	tmpfs := filepath.Join(b.scratch, "tmpfs")
+	if err := benchkit.MountTmpfs(&b.undo, tmpfs, b.size+16<<20); err != nil {
+		return err
 	}
-	b.undo = append(b.undo, func() { benchkit.Unmount(tmpfs) })
 	img := filepath.Join(tmpfs, "base.img")
 	// Random data: tmpfs reads holes without touching a page.
 	if err := benchkit.Fill(img, b.size); err != nil {
@@ -310,35 +280,20 @@ func (b *bench) setup(ctx context.Context) error {
 	return b.daemon(ctx, append(argv, b.mnt)...)
 }
 
-// daemon starts dmfuse (benchkit.StartServer), stops it at cleanup, and
+// daemon starts dmfuse (benchkit.StartMounted), stops it at cleanup, and
 // waits until its devices answer.
 func (b *bench) daemon(ctx context.Context, argv ...string) error {
-	srv, err := benchkit.StartServer("dmfuse", b.mnt, []string{"XDG_STATE_HOME=" + filepath.Join(b.scratch, "state")}, argv...)
+	srv, err := benchkit.StartMounted(ctx, &b.undo, "dmfuse", b.mnt, benchkit.FileReady(filepath.Join(b.mnt, "d0")),
+		[]string{"XDG_STATE_HOME=" + filepath.Join(b.scratch, "state")}, argv...)
 	if err != nil {
-		return err
-	}
-	b.undo = append(b.undo, func() { srv.Stop(10 * time.Second) })
-	if err := srv.WaitReady(ctx, benchkit.FileReady(filepath.Join(b.mnt, "d0"))); err != nil {
 		return err
 	}
 	b.pid = srv.Pid
 	return nil
 }
 
-// cpu returns the daemon's utime+stime in clock ticks.
-func (b *bench) cpu() int64 {
-	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name, which is in parentheses.
-	i := bytes.LastIndexByte(s, ')')
-	f := strings.Fields(string(s[i+1:]))
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st
-}
+// cpu returns the daemon's CPU time so far.
+func (b *bench) cpu() time.Duration { return benchkit.CPUTime(b.pid) }
 
 // fio runs row r's job on device dev for rt and returns IOPS and exact
 // completion latency percentiles.
@@ -352,32 +307,22 @@ func (b *bench) fio(ctx context.Context, r row, dev string, rt time.Duration, ex
 	if r.write {
 		rw = "randwrite"
 	}
-	args := []string{
-		"--name=" + rw, "--filename=" + filepath.Join(b.mnt, dev), "--direct=1", "--thread",
-		"--rw=" + rw, "--bs=4k", "--time_based", fmt.Sprintf("--runtime=%dms", rt.Milliseconds()),
-		"--ramp_time=2s", fmt.Sprintf("--size=%d", b.size), "--group_reporting", "--randrepeat=0",
-		"--output-format=json", "--write_lat_log=" + filepath.Join(logDir, "lat"), "--log_avg_msec=0",
-	}
+	args := append(benchkit.FioArgs(rw, filepath.Join(b.mnt, dev), rt, 2*time.Second, b.size),
+		"--rw="+rw, "--bs=4k", "--write_lat_log="+filepath.Join(logDir, "lat"), "--log_avg_msec=0")
 	if r.uring {
 		args = append(args, "--ioengine=io_uring", "--iodepth=32", "--numjobs=2")
 	} else {
 		args = append(args, "--ioengine=psync", "--iodepth=1", "--numjobs=1")
 	}
-	args = append(args, extra...)
-	c := exec.CommandContext(ctx, "fio", args...)
-	c.Dir = logDir
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-	var stderr bytes.Buffer
-	c.Stderr = &stderr
-	out, err := c.Output()
+	j, err := benchkit.RunFio(ctx, logDir, append(args, extra...)...)
 	if err != nil {
-		return result{}, fmt.Errorf("fio %s on %s: %v\n%s", rw, dev, err, stderr.String())
+		return result{}, fmt.Errorf("%s on %s: %w", rw, dev, err)
 	}
-	res, err := parseFio(out, r.write)
-	if err != nil {
-		return result{}, err
+	d := j.Read
+	if r.write {
+		d = j.Write
 	}
+	res := result{iops: d.IOPS, meanUs: d.Clat.Mean / 1e3}
 	lat, err := readLatLogs(logDir)
 	if err != nil {
 		return result{}, err
@@ -416,26 +361,4 @@ func readLatLogs(dir string) ([]int64, error) {
 		fh.Close()
 	}
 	return lat, nil
-}
-
-// parseFio reads IOPS and mean completion latency from fio's JSON output.
-func parseFio(out []byte, write bool) (result, error) {
-	j, err := benchkit.ParseFio(out)
-	if err != nil {
-		return result{}, err
-	}
-	d := j.Read
-	if write {
-		d = j.Write
-	}
-	return result{iops: d.IOPS, meanUs: d.Clat.Mean / 1e3}, nil
-}
-
-func loadavg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }

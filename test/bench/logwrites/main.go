@@ -37,7 +37,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -58,19 +57,6 @@ import (
 	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 )
 
-// job is one fio job of the recording table.
-type job struct {
-	title string
-	args  []string
-}
-
-var jobs = []job{
-	{"randwrite psync QD1", []string{"--ioengine=psync", "--iodepth=1", "--numjobs=1"}},
-	{"randwrite psync QD1, fsync/32", []string{"--ioengine=psync", "--iodepth=1", "--numjobs=1", "--fsync=32"}},
-	{"randwrite libaio 2x32", []string{"--ioengine=libaio", "--iodepth=32", "--numjobs=2"}},
-	{"randwrite libaio 2x32, fsync/32", []string{"--ioengine=libaio", "--iodepth=32", "--numjobs=2", "--fsync=32"}},
-}
-
 func main() {
 	pairs := flag.Int("pairs", 3, "interleaved rounds of the recording table")
 	rt := flag.Duration("runtime", 10*time.Second, "fio runtime of each recording run")
@@ -81,17 +67,7 @@ func main() {
 	xfs := flag.String("xfstests", "", "an xfstests src/log-writes/replay-log binary: replay each log with it too, and compare")
 	flag.Parse()
 	b := &bench{pairs: *pairs, rt: *rt, sizeMiB: *size, replayMiB: *replayMiB, transport: *transport, xfstests: *xfs}
-	var res bytes.Buffer
-	if err := b.run(io.MultiWriter(os.Stdout, &res)); err != nil {
-		fmt.Fprintln(os.Stderr, "logwrites bench:", err)
-		os.Exit(1)
-	}
-	if *out != "" {
-		if err := os.WriteFile(*out, res.Bytes(), 0o644); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-	}
+	benchkit.Main("logwrites", *out, b.run)
 }
 
 type bench struct {
@@ -109,21 +85,8 @@ type bench struct {
 	xfstests          string
 }
 
-// cpuTicks returns the daemon's utime+stime in clock ticks (fields 14 and
-// 15 of /proc/PID/stat).
-func (b *bench) cpuTicks() int64 {
-	s, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(s[bytes.LastIndexByte(s, ')')+1:]))
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st
-}
-
-// ticksPerSec is USER_HZ, the unit of /proc/PID/stat's times.
-const ticksPerSec = 100
+// cpuTicks returns the daemon's CPU time in clock ticks.
+func (b *bench) cpuTicks() int64 { return benchkit.CPUTicks(b.pid) }
 
 func (b *bench) run(w io.Writer) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -187,13 +150,7 @@ func (b *bench) run(w io.Writer) (err error) {
 }
 
 // ctl runs a dmfuse control command.
-func (b *bench) ctl(args ...string) (string, error) {
-	out, err := exec.Command(b.bin, append([]string{"--control", b.sock}, args...)...).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("dmfuse %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
-}
+func (b *bench) ctl(args ...string) (string, error) { return benchkit.Ctl(b.bin, b.sock, args...) }
 
 func (b *bench) createLW() error { return b.createLWOver(b.data, b.sectors) }
 
@@ -227,17 +184,7 @@ func (b *bench) removeLW() (time.Duration, uint64, error) {
 
 // fio runs one job on dev and returns its write IOPS.
 func (b *bench) fio(dev string, rt time.Duration, extra ...string) (float64, error) {
-	args := append([]string{"--name=lw", "--filename=" + dev, "--rw=randwrite", "--bs=4k", "--direct=1",
-		"--group_reporting", "--time_based", fmt.Sprintf("--runtime=%ds", int(rt.Seconds())), "--output-format=json"}, extra...)
-	out, err := exec.CommandContext(b.ctx, "fio", args...).Output()
-	if err != nil {
-		return 0, fmt.Errorf("fio %s: %v", strings.Join(extra, " "), err)
-	}
-	j, err := benchkit.ParseFio(out)
-	if err != nil {
-		return 0, err
-	}
-	return j.Write.IOPS, nil
+	return benchkit.FioRandWrite(b.ctx, dev, rt, extra...)
 }
 
 func (b *bench) recording(w io.Writer) error {
@@ -249,7 +196,7 @@ func (b *bench) recording(w io.Writer) error {
 	entries := map[string][]float64{}
 	cpuUs := map[string][]float64{} // daemon CPU µs per write, job/setup
 	for round := range b.pairs {
-		for _, j := range jobs {
+		for _, j := range benchkit.RandWriteJobs {
 			got := map[bool]float64{}
 			for k := range 2 {
 				onLW := (k+round)%2 == 1
@@ -261,38 +208,38 @@ func (b *bench) recording(w io.Writer) error {
 					dev = lw
 				}
 				c0 := b.cpuTicks()
-				r, err := b.fio(dev, b.rt, j.args...)
+				r, err := b.fio(dev, b.rt, j.Args...)
 				if err != nil {
 					return err
 				}
 				got[onLW] = r
 				setup := map[bool]string{false: "/base", true: "/lw"}[onLW]
-				cpuUs[j.title+setup] = append(cpuUs[j.title+setup], float64(b.cpuTicks()-c0)/ticksPerSec*1e6/(r*b.rt.Seconds()))
+				cpuUs[j.Title+setup] = append(cpuUs[j.Title+setup], float64(b.cpuTicks()-c0)/benchkit.TicksPerSec*1e6/(r*b.rt.Seconds()))
 				if onLW {
 					td, n, err := b.removeLW()
 					if err != nil {
 						return err
 					}
 					if float64(n) < 0.95*r*b.rt.Seconds() {
-						return fmt.Errorf("%s: the log holds %d entries after %.0f IOPS for %v: it stopped (log device full?)", j.title, n, r, b.rt)
+						return fmt.Errorf("%s: the log holds %d entries after %.0f IOPS for %v: it stopped (log device full?)", j.Title, n, r, b.rt)
 					}
-					teardown[j.title] = append(teardown[j.title], td.Seconds())
-					entries[j.title] = append(entries[j.title], float64(n))
+					teardown[j.Title] = append(teardown[j.Title], td.Seconds())
+					entries[j.Title] = append(entries[j.Title], float64(n))
 				}
-				fmt.Fprintf(os.Stderr, "round %d %-34s %-4s %9.0f IOPS\n", round+1, j.title, map[bool]string{false: "base", true: "lw"}[onLW], r)
+				fmt.Fprintf(os.Stderr, "round %d %-34s %-4s %9.0f IOPS\n", round+1, j.Title, map[bool]string{false: "base", true: "lw"}[onLW], r)
 			}
-			iops[j.title+"/base"] = append(iops[j.title+"/base"], got[false])
-			iops[j.title+"/lw"] = append(iops[j.title+"/lw"], got[true])
-			ratios[j.title] = append(ratios[j.title], got[true]/got[false])
+			iops[j.Title+"/base"] = append(iops[j.Title+"/base"], got[false])
+			iops[j.Title+"/lw"] = append(iops[j.Title+"/lw"], got[true])
+			ratios[j.Title] = append(ratios[j.Title], got[true]/got[false])
 		}
 	}
 	fmt.Fprintf(w, "Recording cost: fio 4 KiB randwrite, O_DIRECT, %d rounds x %v per setup, setups interleaved.\n\n", b.pairs, b.rt)
 	fmt.Fprintln(w, "| job | base IOPS | log-writes IOPS | ratio lw/base | daemon CPU µs/write base | log-writes | entries logged per run | removal (s) |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
-	for _, j := range jobs {
-		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.3f | %.1f | %.1f | %.0f | %.2f |\n", j.title, benchkit.Median(iops[j.title+"/base"]),
-			benchkit.Median(iops[j.title+"/lw"]), benchkit.Median(ratios[j.title]), benchkit.Median(cpuUs[j.title+"/base"]),
-			benchkit.Median(cpuUs[j.title+"/lw"]), benchkit.Median(entries[j.title]), benchkit.Median(teardown[j.title]))
+	for _, j := range benchkit.RandWriteJobs {
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.3f | %.1f | %.1f | %.0f | %.2f |\n", j.Title, benchkit.Median(iops[j.Title+"/base"]),
+			benchkit.Median(iops[j.Title+"/lw"]), benchkit.Median(ratios[j.Title]), benchkit.Median(cpuUs[j.Title+"/base"]),
+			benchkit.Median(cpuUs[j.Title+"/lw"]), benchkit.Median(entries[j.Title]), benchkit.Median(teardown[j.Title]))
 	}
 	fmt.Fprintln(w)
 	return nil

@@ -34,7 +34,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -53,8 +52,6 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/test/bench/benchkit"
-
-	"golang.org/x/sys/unix"
 )
 
 // round is one fio burst.
@@ -124,7 +121,7 @@ func main() {
 	defer stop()
 	b := &bench{round: *roundDur, idle: *idle, bin: *bin, daemonArgs: strings.Fields(*xargs)}
 	err := b.run(ctx, strings.Split(*transports, ","))
-	b.cleanup()
+	b.undo.Run()
 	if err == nil {
 		report := b.report()
 		fmt.Print(report)
@@ -148,7 +145,7 @@ type bench struct {
 	daemonArgs  []string
 
 	scratch string
-	undo    []func()
+	undo    benchkit.Undo
 	started time.Time
 
 	results []transportResult
@@ -163,13 +160,6 @@ type transportResult struct {
 	plan      string // the daemon's own line about its memory plan
 }
 
-func (b *bench) cleanup() {
-	for i := len(b.undo) - 1; i >= 0; i-- {
-		b.undo[i]()
-	}
-	b.undo = nil
-}
-
 func (b *bench) run(ctx context.Context, transports []string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (FUSE mount, tmpfs, /proc/PID/clear_refs)")
@@ -180,28 +170,23 @@ func (b *bench) run(ctx context.Context, transports []string) error {
 		}
 	}
 	var err error
-	if b.scratch, err = os.MkdirTemp("", "dmfuse-memory-"); err != nil {
+	if b.scratch, err = benchkit.TempDir(&b.undo, "dmfuse-memory"); err != nil {
 		return err
 	}
-	b.undo = append(b.undo, func() { os.RemoveAll(b.scratch) })
 	if b.bin == "" {
 		modDir, err := benchkit.ModuleDir()
 		if err != nil {
 			return err
 		}
 		b.bin = filepath.Join(b.scratch, "dmfuse")
-		c := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/dmfuse")
-		c.Dir = modDir
-		if out, err := c.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build: %v\n%s", err, out)
+		if err := benchkit.Build(ctx, modDir, b.bin, "./cmd/dmfuse"); err != nil {
+			return err
 		}
 	}
 	tmpfs := filepath.Join(b.scratch, "tmpfs")
-	os.Mkdir(tmpfs, 0o755)
-	if err := unix.Mount("tmpfs", tmpfs, "tmpfs", 0, fmt.Sprintf("size=%dk", (backingSize+16<<20)>>10)); err != nil {
-		return fmt.Errorf("mount tmpfs: %w", err)
+	if err := benchkit.MountTmpfs(&b.undo, tmpfs, backingSize+16<<20); err != nil {
+		return err
 	}
-	b.undo = append(b.undo, func() { benchkit.Unmount(tmpfs) })
 	backing := filepath.Join(tmpfs, "lin.img")
 	if err := benchkit.Fill(backing, backingSize); err != nil {
 		return err
@@ -243,14 +228,14 @@ func (b *bench) transport(ctx context.Context, t, backing string) (transportResu
 	argv = append(argv, mnt)
 
 	if t == "uring" {
-		restore, err := enableURing()
+		restore, err := benchkit.EnableURing()
 		if err != nil {
 			return res, err
 		}
 		// Restored as soon as the mount answers, and again at cleanup
 		// if setting up fails first.
 		defer restore()
-		b.undo = append(b.undo, restore)
+		b.undo.Push(restore)
 	}
 	srv, err := benchkit.StartServer("dmfuse", mnt, []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state")}, argv...)
 	if err != nil {
@@ -263,7 +248,7 @@ func (b *bench) transport(ctx context.Context, t, backing string) (transportResu
 			srv.Stop(20 * time.Second)
 		}
 	}
-	b.undo = append(b.undo, stopSrv)
+	b.undo.Push(stopSrv)
 	dev := filepath.Join(mnt, "lin")
 	if err := srv.WaitReady(ctx, benchkit.FileReady(dev)); err != nil {
 		return res, err
@@ -314,26 +299,6 @@ func (b *bench) transport(ctx context.Context, t, backing string) (transportResu
 	res.idle.underGoal = under >= 0 && under <= goalIdleWithin
 	stopSrv()
 	return res, nil
-}
-
-// enableURing switches enable_uring on and returns what puts the old value
-// back (once).
-func enableURing() (func(), error) {
-	const param = "/sys/module/fuse/parameters/enable_uring"
-	old, err := os.ReadFile(param)
-	if err != nil {
-		return nil, fmt.Errorf("io_uring transport: %w (this kernel has no FUSE over io_uring)", err)
-	}
-	if err := os.WriteFile(param, []byte("Y"), 0); err != nil {
-		return nil, fmt.Errorf("switching on %s: %w", param, err)
-	}
-	done := false
-	return func() {
-		if !done {
-			done = true
-			os.WriteFile(param, bytes.TrimSpace(old), 0)
-		}
-	}, nil
 }
 
 // freePort returns a TCP port on the loopback interface that was free a
@@ -421,18 +386,9 @@ func (b *bench) fio(ctx context.Context, dev string, r round) (float64, error) {
 	args := append([]string{"--name=" + r.name, "--filename=" + dev, "--direct=1", "--ioengine=io_uring",
 		"--time_based", fmt.Sprintf("--runtime=%dms", b.round.Milliseconds()), fmt.Sprintf("--size=%d", backingSize),
 		"--group_reporting", "--randrepeat=0", "--output-format=json"}, r.args...)
-	c := exec.CommandContext(ctx, "fio", args...)
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
-	var stderr bytes.Buffer
-	c.Stderr = &stderr
-	out, err := c.Output()
+	j, err := benchkit.RunFio(ctx, "", args...)
 	if err != nil {
-		return 0, fmt.Errorf("fio %s: %v\n%s", r.name, err, stderr.String())
-	}
-	j, err := benchkit.ParseFio(out)
-	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("%s: %w", r.name, err)
 	}
 	d := j.Read
 	if r.write {
