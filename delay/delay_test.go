@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -455,5 +456,35 @@ func TestLookupErrorOnce(t *testing.T) {
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("%q: %v, want %q", tc.table, err, tc.want)
 		}
+	}
+}
+
+// hintCounter counts stack.Waiting calls.
+type hintCounter struct{ n atomic.Int32 }
+
+func (h *hintCounter) Waiting() { h.n.Add(1) }
+
+// TestWaitingHint: a delayed request tells its transport it waits, before
+// its delay runs out; a request of a class without delay does not.
+func TestWaitingHint(t *testing.T) {
+	r := newRig(t)
+	tg := r.target("8:16 0 10 8:32 0 0")
+	h := &hintCounter{}
+	ctx := stack.WithWaiter(context.Background(), h)
+	w := r.write(tg, ctx)
+	if err := w.result(t); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.n.Load(); n != 0 {
+		t.Fatalf("%d hints for an undelayed write", n)
+	}
+	a := r.read(tg, ctx)
+	waitStatus(t, tg, "1 0 0")
+	if n := h.n.Load(); n != 1 {
+		t.Errorf("%d hints for a queued read, want 1", n)
+	}
+	r.clock.Advance(10 * ms)
+	if err := a.result(t); err != nil {
+		t.Fatal(err)
 	}
 }

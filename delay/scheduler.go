@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // Classes of I/O, as dm-delay sorts bios.
@@ -297,6 +299,10 @@ func newQueue(s *Scheduler) *queue {
 // first the request leaves the queue and wait returns an error wrapping
 // EINTR and the context's error.
 func (q *queue) wait(ctx context.Context, c int, d int64) error {
+	// The request waits from here on, however short the delay: a
+	// transport that serves other requests on this thread moves them
+	// (before the lock: the hint wakes another thread).
+	stack.Waiting(ctx)
 	q.mu.Lock()
 	if q.mu.noDelay {
 		q.mu.Unlock()

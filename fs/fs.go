@@ -43,12 +43,14 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/dmfuse/dmfuse/fs/uring"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -82,12 +84,17 @@ type Options struct {
 	EnableURing bool
 	// URingDepth is the number of io_uring entries per queue (0: default).
 	URingDepth int
-	// Poll makes each io_uring queue's thread spin on its completion queue
-	// for up to this long before it sleeps (0: never spin).
+	// Poll is how each io_uring queue's thread waits for its next
+	// request: 0 polls adaptively (up to uring.DefaultPollWindow each time
+	// the queue runs dry, while its polls find requests), PollOff never
+	// polls, a positive value polls up to that long every time.
 	Poll time.Duration
 	// Logf receives the transport's log lines (nil: standard error).
 	Logf func(format string, args ...any)
 }
+
+// PollOff as Options.Poll: io_uring queues never spin.
+const PollOff = uring.PollOff
 
 // Inode numbers of the fixed nodes; device nodes use 4*dev.Ino() + k.
 const (
@@ -158,6 +165,9 @@ func Mount(dir string, m *stack.Manager, o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.ring != nil {
+		r.ring.Store(s.ring)
+	}
 	s.plan = plan
 	if o.ReleaseAfter > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -172,7 +182,8 @@ func Mount(dir string, m *stack.Manager, o Options) (*Server, error) {
 // root is the mount's top folder.
 type root struct {
 	gofs.Inode
-	mgr *stack.Manager
+	mgr  *stack.Manager
+	ring atomic.Pointer[uring.Server] // the io_uring transport, once it serves
 }
 
 var (
@@ -204,7 +215,7 @@ func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	if d == nil {
 		return nil, syscall.ENOENT
 	}
-	n := &devNode{dev: d}
+	n := &devNode{dev: d, root: r}
 	n.fill(&out.Attr)
 	return r.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: 4 * d.Ino()}), 0
 }
@@ -239,7 +250,8 @@ func (r *root) changed(d *stack.Device) {
 // devNode is the file of one mapped device.
 type devNode struct {
 	gofs.Inode
-	dev *stack.Device
+	dev  *stack.Device
+	root *root
 }
 
 var (
@@ -307,8 +319,8 @@ func (n *devNode) Release(_ context.Context, f gofs.FileHandle) syscall.Errno {
 
 // Read reads into go-fuse's request buffer and answers with it: the data
 // reaches the kernel with one writev and no copy in user space.
-func (n *devNode) Read(_ context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	k, err := n.dev.ReadAt(ioCtx, dest, off)
+func (n *devNode) Read(ctx context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	k, err := n.dev.ReadAt(n.ioContext(ctx), dest, off)
 	if err != nil {
 		return nil, errno(err)
 	}
@@ -355,11 +367,7 @@ func (r *readResult) Done() {
 // request) goes down with the FUA mark, so that it is on stable media before
 // it is acknowledged.
 func (n *devNode) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
-	wctx := ioCtx
-	if fc, ok := ctx.(*fuse.Context); ok && fc.Cancel == fuaCancel {
-		wctx = fuaCtx
-	}
-	k, err := n.dev.WriteAt(wctx, data, off)
+	k, err := n.dev.WriteAt(n.ioContext(ctx), data, off)
 	if err != nil && k == 0 {
 		return 0, errno(err)
 	}
@@ -367,8 +375,8 @@ func (n *devNode) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off
 }
 
 // Fsync is an empty flush that reaches every underlying device.
-func (n *devNode) Fsync(_ context.Context, _ gofs.FileHandle, _ uint32) syscall.Errno {
-	return errno(n.dev.Flush(ioCtx))
+func (n *devNode) Fsync(ctx context.Context, _ gofs.FileHandle, _ uint32) syscall.Errno {
+	return errno(n.dev.Flush(n.ioContext(ctx)))
 }
 
 // ioCtx is the context of device I/O. It is never cancelled: like I/O on a
@@ -382,6 +390,27 @@ var ioCtx = context.Background()
 
 // fuaCtx is ioCtx with the FUA mark (stack.WithFUA).
 var fuaCtx = stack.WithFUA(ioCtx)
+
+// ioContext returns the context of the device I/O of the request whose
+// go-fuse context is ctx: ioCtx, or fuaCtx for a write rawFS marked. On the
+// io_uring transport it is the ring entry's copy of one of them, which also
+// carries the request's stack.Waiter (the io_uring transport marks durable
+// writes itself).
+func (n *devNode) ioContext(ctx context.Context) context.Context {
+	fc, ok := ctx.(*fuse.Context)
+	if !ok {
+		return ioCtx
+	}
+	if fc.Cancel == fuaCancel {
+		return fuaCtx
+	}
+	if rs := n.root.ring.Load(); rs != nil {
+		if c := rs.Context(fc.Cancel); c != nil {
+			return c
+		}
+	}
+	return ioCtx
+}
 
 // fuaCancel stands, in the context go-fuse's bridge hands to devNode.Write,
 // for the request's cancel channel when rawFS found O_DSYNC in the request.
@@ -440,12 +469,12 @@ const (
 // Allocate maps PUNCH_HOLE|KEEP_SIZE to a discard and ZERO_RANGE to
 // write-zeroes; a plain allocation inside the device succeeds, since the
 // device is fully provisioned.
-func (n *devNode) Allocate(_ context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+func (n *devNode) Allocate(ctx context.Context, _ gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
 	switch mode {
 	case fallocPunchHole | fallocKeepSize:
-		return errno(n.dev.Discard(ioCtx, int64(off), int64(size)))
+		return errno(n.dev.Discard(n.ioContext(ctx), int64(off), int64(size)))
 	case fallocZeroRange, fallocZeroRange | fallocKeepSize:
-		return errno(n.dev.WriteZeroes(ioCtx, int64(off), int64(size)))
+		return errno(n.dev.WriteZeroes(n.ioContext(ctx), int64(off), int64(size)))
 	case 0, fallocKeepSize:
 		if int64(off+size) > n.dev.Size() && mode == 0 {
 			return syscall.EPERM

@@ -177,6 +177,15 @@ func (s *Server) Memory() MemoryPlan { return s.plan }
 // system after a burst of I/O (see Options.ReleaseAfter).
 func (s *Server) Releases() uint64 { return s.releases.Load() }
 
+// URingStats returns the io_uring transport's hand-off counts (zero on
+// /dev/fuse).
+func (s *Server) URingStats() uring.Stats {
+	if s.ring == nil {
+		return uring.Stats{}
+	}
+	return s.ring.Stats()
+}
+
 // releaser gives request buffers back once the devices have been idle for
 // after: the buffers go-fuse keeps in its sync.Pools survive until the
 // second collection after their last use, and the Go runtime returns freed

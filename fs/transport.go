@@ -173,10 +173,18 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 		// registration fail, which exercises the fallback.
 		payload = v
 	}
+	var setup uint32
+	if v, err := strconv.ParseUint(os.Getenv("DMFUSE_URING_SETUP"), 0, 32); err == nil {
+		// Only for experiments: extra IORING_SETUP_* flags.
+		setup = uint32(v)
+	}
 	return uring.New(uring.Config{
+		SetupFlags:  setup,
 		Depth:       o.URingDepth,
 		PayloadSize: payload,
 		Poll:        o.Poll,
+		IOContext:   ioCtx,
+		FUAContext:  fuaCtx,
 		Logf:        o.logf,
 	})
 }
@@ -195,7 +203,8 @@ func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Optio
 	}
 	nopts := *opts
 	nopts.MountOptions = mo
-	raw := rawFS{gofs.NewNodeFS(root, &nopts)}
+	nodes := gofs.NewNodeFS(root, &nopts)
+	raw := rawFS{nodes}
 	// NewServer answers FUSE_INIT before it returns.
 	srv, err := fuse.NewServer(raw, fmt.Sprintf("/dev/fd/%d", fd), &mo)
 	if err != nil {
@@ -215,7 +224,9 @@ func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Optio
 		o.logf("transport /dev/fuse: the kernel did not offer io_uring in FUSE_INIT")
 		return s, nil
 	}
-	if err := rs.Start(fd, raw); err != nil {
+	// The rings mark durable writes themselves (Server.Context), without
+	// rawFS, which would hide the request's cancel channel.
+	if err := rs.Start(fd, nodes); err != nil {
 		// A refused registration makes the kernel fall back to /dev/fuse.
 		o.logf("transport /dev/fuse: io_uring registration failed, falling back: %v", err)
 		return s, nil
@@ -225,8 +236,11 @@ func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Optio
 	if depth <= 0 {
 		depth = uring.DefaultDepth
 	}
-	poll := "off"
-	if o.Poll > 0 {
+	poll := "adaptive"
+	switch {
+	case o.Poll < 0:
+		poll = "off"
+	case o.Poll > 0:
 		poll = o.Poll.String()
 	}
 	o.logf("transport io_uring: %d queues x %d entries, poll %s", uring.Queues(), depth, poll)

@@ -21,6 +21,7 @@ type fileDev struct {
 	name   string // as table prints it: absolute path or MAJOR:MINOR
 	size   int64
 	block  bool
+	memory bool   // a file in memory (tmpfs, ramfs): a sync never waits for a disk
 	rdev   uint64 // a block device's number
 	limits Limits
 }
@@ -54,6 +55,10 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 	switch {
 	case st.Mode().IsRegular():
 		d.size = st.Size()
+		var fs unix.Statfs_t
+		if unix.Fstatfs(d.fd, &fs) == nil {
+			d.memory = fs.Type == unix.TMPFS_MAGIC || fs.Type == unix.RAMFS_MAGIC
+		}
 	case st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0:
 		var sz uint64
 		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(d.fd), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&sz))); e != 0 {
@@ -72,7 +77,12 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 	return d, nil
 }
 
-func (d *fileDev) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+func (d *fileDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if d.block {
+		// A block device's read sleeps until the disk answers; a regular
+		// file's is usually a copy from the page cache.
+		Waiting(ctx)
+	}
 	n := 0
 	for n < len(p) {
 		k, err := unix.Pread(d.fd, p[n:], off+int64(n))
@@ -97,6 +107,10 @@ func (d *fileDev) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 // RWF_DSYNC, so that it is on stable media when it returns.
 func (d *fileDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	fua := FUA(ctx)
+	if d.block || fua && !d.memory {
+		// A durable write to a file waits for its disk.
+		Waiting(ctx)
+	}
 	n := 0
 	for n < len(p) {
 		var k int
@@ -117,7 +131,10 @@ func (d *fileDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error)
 	return n, nil
 }
 
-func (d *fileDev) Flush(context.Context) error {
+func (d *fileDev) Flush(ctx context.Context) error {
+	if !d.memory {
+		Waiting(ctx)
+	}
 	for {
 		err := unix.Fdatasync(d.fd)
 		if err != unix.EINTR {

@@ -37,6 +37,7 @@ func (g *gate) enter(ctx context.Context) (int, error) {
 			return i, nil
 		}
 		g.exit(i)
+		Waiting(ctx)
 		if err := g.wait(ctx); err != nil {
 			return 0, err
 		}

@@ -105,6 +105,7 @@ func (m *multipath) mapIO(ctx context.Context, n int) (*pgpath, error) {
 		wake := m.mu.wake
 		m.mu.held++
 		m.mu.Unlock()
+		Waiting(ctx)
 		select {
 		case <-wake:
 		case <-ctx.Done():

@@ -2,11 +2,17 @@ package test
 
 import (
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -149,4 +155,110 @@ func mustLog(t *testing.T, d *daemon, s string) {
 	if !strings.Contains(d.stderr.String(), s) {
 		t.Errorf("%q not in the log: %s", s, d.stderr)
 	}
+}
+
+// onCPU0 runs f on a thread bound to CPU 0, so that every FUSE request it
+// issues goes to io_uring queue 0 (the kernel picks the queue of the
+// issuing CPU).
+func onCPU0(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var set unix.CPUSet
+		set.Set(0)
+		unix.SchedSetaffinity(0, &set)
+		f()
+	}()
+	<-done
+}
+
+// TestURingWaitingKeepsQueue: a delay device and a linear device share the
+// mount and, from one CPU, one io_uring queue. While a read waits in the
+// delay device (for a minute, until a suspend releases it), reads of the
+// linear device issued behind it on the same queue all complete, and the
+// delayed read completes afterwards.
+func TestURingWaitingKeepsQueue(t *testing.T) {
+	requireURing(t)
+	const fastReads = 200
+	dir := t.TempDir()
+	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
+	sparseFile(t, filepath.Join(dir, "b.img"), 8<<20)
+	d := startDaemon(t, dir, "slow,,,rw,0 16384 delay ./a.img 0 60000;fast,,,rw,0 16384 linear ./b.img 0;",
+		"--transport", "uring", "--metrics-addr", "127.0.0.1:0")
+	mustLog(t, d, "transport io_uring")
+	m := regexp.MustCompile(`dmfuse: metrics on (http://\S+/metrics)\n`).FindStringSubmatch(d.stderr.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log: %s", d.stderr)
+	}
+	slow, fast := openDirect(t, d.path("slow")), openDirect(t, d.path("fast"))
+
+	slowDone := make(chan error, 1)
+	go onCPU0(func() {
+		buf := directBuf()
+		_, err := slow.ReadAt(buf, 0)
+		slowDone <- err
+	})
+	// Wait until the read is queued in the delay target.
+	for {
+		out, err := d.ctl("status", "slow")
+		if err != nil {
+			t.Fatalf("dmfuse status: %v: %s", err, out)
+		}
+		if strings.HasSuffix(strings.TrimSpace(out), "delay 1 0 0") {
+			break
+		}
+		select {
+		case err := <-slowDone:
+			t.Fatalf("the delayed read ended (%v) before it was seen queued", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	var fastErr error
+	n := 0
+	onCPU0(func() {
+		buf := directBuf()
+		for ; n < fastReads; n++ {
+			if _, err := fast.ReadAt(buf, int64(n%2048)*4096); err != nil {
+				fastErr = err
+				return
+			}
+		}
+	})
+	if fastErr != nil {
+		t.Fatalf("fast read %d: %v", n, fastErr)
+	}
+	// The delayed read handed its queue over because it said it waits.
+	resp, err := http.Get(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`(?m)^dmfuse_uring_handoffs_total\{cause="waiting"\} [1-9]`).Match(body) {
+		t.Errorf("no hand-off on waiting in the metrics:\n%s", regexp.MustCompile(`(?m)^dmfuse_uring.*$`).FindAll(body, -1))
+	}
+	select {
+	case err := <-slowDone:
+		t.Fatalf("the delayed read ended (%v) before its release", err)
+	default:
+	}
+	// Suspending the delay device releases the read at once.
+	if out, err := d.ctl("suspend", "slow"); err != nil {
+		t.Fatalf("dmfuse suspend: %v: %s", err, out)
+	}
+	if err := <-slowDone; err != nil {
+		t.Fatalf("the released read: %v", err)
+	}
+	if out, err := d.ctl("resume", "slow"); err != nil {
+		t.Fatalf("dmfuse resume: %v: %s", err, out)
+	}
+}
+
+// directBuf returns a 4 KiB buffer aligned for O_DIRECT.
+func directBuf() []byte {
+	b := make([]byte, 8192)
+	off := int(-uintptr(unsafe.Pointer(&b[0])) & 4095)
+	return b[off : off+4096]
 }

@@ -113,6 +113,13 @@ func parseSize(s string) (int64, error) {
 //	dmfuse_max_background              the kernel's cap on asynchronous requests
 //	dmfuse_memory_releases_total       times idle request buffers were returned to the system
 //	dmfuse_heap_live_bytes             live heap at the last collection (runtime/metrics /gc/heap/live:bytes)
+//
+// and of its io_uring queues (all 0 on /dev/fuse):
+//
+//	dmfuse_uring_handoffs_total{cause="waiting"}   a queue went to another thread: a request said it waits
+//	dmfuse_uring_handoffs_total{cause="watchdog"}  ... a request held the queue's thread for 1 ms
+//	dmfuse_uring_parked_total                      requests run off the queue's thread: their node's last request waited
+//	dmfuse_uring_threads                           the queues' threads, leaders and standby
 func memoryMetrics(srv *fs.Server) *metrics.Set {
 	p := srv.Memory()
 	set := metrics.NewSet()
@@ -129,6 +136,10 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 		}
 		return float64(s[0].Value.Uint64())
 	})
+	set.NewGauge(`dmfuse_uring_handoffs_total{cause="waiting"}`, func() float64 { return float64(srv.URingStats().Waiting) })
+	set.NewGauge(`dmfuse_uring_handoffs_total{cause="watchdog"}`, func() float64 { return float64(srv.URingStats().Watchdog) })
+	set.NewGauge("dmfuse_uring_parked_total", func() float64 { return float64(srv.URingStats().Parked) })
+	set.NewGauge("dmfuse_uring_threads", func() float64 { return float64(srv.URingStats().Threads) })
 	metrics.RegisterSet(set)
 	return set
 }

@@ -38,12 +38,33 @@ type MountCmd struct {
 	AllowOther  bool   `help:"Let other users use the device files."`
 	Debug       bool   `help:"Log every FUSE request." hidden:""`
 
-	Transport   string        `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
-	EnableURing bool          `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
-	Poll        time.Duration `help:"Let each io_uring queue spin up to this long for the next request before sleeping (0: off)." default:"0"`
-	URingDepth  int           `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 32)." default:"0"`
+	Transport   string `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
+	EnableURing bool   `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
+	Poll        string `help:"How each io_uring queue waits for its next request: auto polls up to 50us each time a queue runs dry, while its polls find requests (an idle daemon burns no CPU); 0 never polls; a duration (50us) polls up to that long every time." default:"auto" placeholder:"auto|0|DURATION"`
+	URingDepth  int    `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 32)." default:"0"`
 
 	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
+}
+
+// parsePoll reads --poll: auto (fs.Options.Poll 0), 0 (fs.PollOff) or a
+// positive duration.
+func parsePoll(v string) (time.Duration, error) {
+	if v == "auto" || v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if v == "0" {
+		d, err = 0, nil
+	}
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("--poll %s: want auto, 0 or a duration such as 50us", v)
+	case d < 0:
+		return 0, fmt.Errorf("--poll %s: negative", v)
+	case d == 0:
+		return fs.PollOff, nil
+	}
+	return d, nil
 }
 
 // registry returns every target type dmfuse knows.
@@ -126,8 +147,12 @@ func (c *MountCmd) Run(g *Globals) error {
 	}
 	defer ln.Close()
 
+	poll, err := parsePoll(c.Poll)
+	if err != nil {
+		return err
+	}
 	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
-		Transport: c.Transport, EnableURing: c.EnableURing, Poll: c.Poll, URingDepth: c.URingDepth,
+		Transport: c.Transport, EnableURing: c.EnableURing, Poll: poll, URingDepth: c.URingDepth,
 		MemoryLimit: limit, ReleaseAfter: releaseAfter})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)

@@ -1,9 +1,13 @@
 package uring
 
 import (
+	"context"
+	"runtime"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // FUSE opcodes served on the rings (include/uapi/linux/fuse.h).
@@ -85,13 +89,59 @@ type entry struct {
 	iov     [2]iovec
 
 	commitID uint64
+	unique   uint64
 	nodeID   uint64
+	hinted   bool   // the request said it waits (set on the goroutine that runs it)
+	fua      bool   // a WRITE with O_DSYNC
+	seq      uint64 // the queue's sequence number of the request
+
+	// cancel is handed to the RawFileSystem with every request of the
+	// entry; Interrupt closes it, and the next request gets a new one.
+	// ioCtx and fuaCtx are Server.Context's answers for it.
+	cancel         chan struct{}
+	ioCtx, fuaCtx  context.Context
+	run            atomic.Uint64 // unique of the request running; with runClosing/runClosed once interrupted
+	cancelIsClosed bool          // the leader's: renew cancel before the next request
 
 	// in holds the in-header followed by the opcode's input struct, laid
 	// out as go-fuse's ...In structs expect them.
 	in [32]uint64
 
 	next *entry // in the queue's list of finished entries
+}
+
+// Interrupt states of entry.run, above any unique id the kernel hands out.
+const (
+	runClosing = 1 << 62
+	runClosed  = 1 << 61
+)
+
+// interrupt closes the cancel channel of e's request if its unique id is
+// unique; any thread may call it.
+func (e *entry) interrupt(unique uint64) bool {
+	if unique == 0 || !e.run.CompareAndSwap(unique, unique|runClosing) {
+		return false
+	}
+	close(e.cancel)
+	e.run.Store(unique | runClosed)
+	return true
+}
+
+// ended marks the end of e's request, on the goroutine that ran it.
+func (e *entry) ended() {
+	for {
+		v := e.run.Load()
+		if v&runClosing != 0 {
+			runtime.Gosched() // interrupt is closing the channel
+			continue
+		}
+		if e.run.CompareAndSwap(v, 0) {
+			if v&runClosed != 0 {
+				e.cancelIsClosed = true
+			}
+			return
+		}
+	}
 }
 
 // iovec is struct iovec.
@@ -105,12 +155,14 @@ func (e *entry) inBytes() []byte {
 }
 
 // prepare copies the request header and input struct out of the ring
-// buffers and returns the opcode.
-func (e *entry) prepare() uint32 {
+// buffers, and reports whether e needs a new cancel channel (Server.renew)
+// because an interrupt closed the old one.
+func (e *entry) prepare() bool {
 	in := e.inBytes()
 	copy(in[:inHeaderSize], e.hdr[hdrInOut:])
 	h := (*fuse.InHeader)(unsafe.Pointer(&e.in[0]))
 	e.commitID = *(*uint64)(unsafe.Pointer(&e.hdr[hdrCommitID]))
+	e.unique = h.Unique
 	e.nodeID = h.NodeId
 	op := h.Opcode
 	n := 0
@@ -119,7 +171,10 @@ func (e *entry) prepare() uint32 {
 	}
 	copy(in[inHeaderSize:inHeaderSize+n], e.hdr[hdrOpIn:hdrOpIn+n])
 	clear(in[inHeaderSize+n:])
-	return op
+	e.fua = op == opWrite && (*fuse.WriteIn)(unsafe.Pointer(&e.in[0])).Flags&unix.O_DSYNC != 0
+	renew := e.cancelIsClosed
+	e.cancelIsClosed = false
+	return renew
 }
 
 // out returns a zeroed reply struct of size n at the start of the payload.
@@ -140,10 +195,13 @@ func name(p []byte) string {
 
 // dispatch answers the request held by e through fs and writes the reply
 // into e's buffers. Operations that dmfuse's tree does not serve are
-// answered ENOSYS, as go-fuse does.
-func (e *entry) dispatch(fs fuse.RawFileSystem, cancel <-chan struct{}) {
-	op := (*fuse.InHeader)(unsafe.Pointer(&e.in[0])).Opcode
+// answered ENOSYS, as go-fuse does. The request can be interrupted from
+// the moment dispatch starts; the caller calls ended once it returns.
+func (e *entry) dispatch(fs fuse.RawFileSystem) {
 	h := (*fuse.InHeader)(unsafe.Pointer(&e.in[0]))
+	op := h.Opcode
+	e.run.Store(h.Unique)
+	var cancel <-chan struct{} = e.cancel
 	psz := int(*(*uint32)(unsafe.Pointer(&e.hdr[hdrPayloadSz])))
 	psz = min(psz, len(e.payload))
 	input := e.payload[:psz]

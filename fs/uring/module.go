@@ -11,11 +11,21 @@
 //
 // A queue's thread answers a request inline, which is the fast path: one
 // io_uring_enter both commits the previous reply and waits for the next
-// request. A request that holds the thread for long (a delay target, a
-// suspended device) must not stall the other requests of its CPU: a
-// watchdog then hands the ring to a standby thread, and requests of that
-// node are answered on goroutines for a while, their replies committed by the
-// queue's current thread.
+// request. A request that is going to wait (a delay target, a suspended
+// device, multipath without a path, a block device below) must not stall
+// the other requests of its CPU: the device I/O runs with the context
+// Server.Context returns, whose stack.Waiter hands the ring to a standby
+// thread the moment the stack calls stack.Waiting; the thread that runs the
+// waiting request puts its reply on the queue's list of finished entries
+// when it is done, and the queue's current thread commits it. The node's
+// next requests are parked on goroutines of their own at once, until one
+// completes without waiting. A watchdog
+// does the same for a request that held the thread for 1 ms without saying
+// it waits.
+//
+// Files: ring.go (the ring interface and the kernel's ring), queue.go (a
+// queue, its thread hand-off and its polling), watchdog.go, dispatch.go (an
+// entry and the requests it serves), server.go (the Server).
 package uring
 
 import (

@@ -2,6 +2,7 @@ package uring
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"unsafe"
 
@@ -10,8 +11,12 @@ import (
 
 // io_uring ABI constants (include/uapi/linux/io_uring.h).
 const (
-	setupCQSize = 1 << 3
-	setupSQE128 = 1 << 10
+	setupCQSize       = 1 << 3
+	setupCoopTaskrun  = 1 << 8
+	setupTaskrunFlag  = 1 << 9
+	setupSQE128       = 1 << 10
+	setupSingleIssuer = 1 << 12
+	setupDeferTaskrun = 1 << 13
 
 	featSingleMmap = 1 << 0
 
@@ -52,10 +57,46 @@ type cqe struct {
 	flags    uint32
 }
 
-// ring is one io_uring instance with 128-byte submission entries. It is not
-// safe for concurrent use: only the thread that leads its queue touches it.
-type ring struct {
-	fd int
+// ring is what a queue needs of its io_uring instance. Only the thread that
+// leads the queue calls its methods, except wake, which any thread may call.
+// sysRing is the kernel's; the tests use a fake.
+type ring interface {
+	// register queues the REGISTER command of every entry, submits them
+	// and reports whether the kernel took them.
+	register(ents []entry) error
+	// commit queues e's reply and re-arms e (COMMIT_AND_FETCH). It
+	// reports false if the ring has no room even after a submit.
+	commit(e *entry) bool
+	// queued returns the number of commands queued but not submitted.
+	queued() int
+	// submit hands the queued commands to the kernel without waiting.
+	submit() error
+	// wait submits the queued commands and blocks until a completion
+	// arrives or wake is called.
+	wait() error
+	// next returns the oldest entry completion and consumes it; ok is
+	// false when none is waiting.
+	next() (idx uint64, res int32, ok bool)
+	// ready reports whether a completion waits (for polling).
+	ready() bool
+	// wake makes a wait in progress, or the next one, return.
+	wake()
+	// close releases the ring; the kernel cancels what is still pending.
+	close()
+}
+
+// sysRing is one io_uring instance with 128-byte submission entries,
+// commanding the FUSE connection's /dev/fuse descriptor dev, with an eventfd
+// whose pending read lets other threads wake a wait.
+type sysRing struct {
+	fd  int
+	dev int // the /dev/fuse descriptor (set by Server.Start)
+	qid uint16
+
+	efd      int
+	efdBuf   [8]byte
+	efdArmed bool
+	one      [8]byte
 
 	sqMem, cqMem, sqeMem []byte
 
@@ -71,22 +112,31 @@ type ring struct {
 	cqes           []cqe
 }
 
-// newRing creates a ring of n submission entries and 2n completion entries.
-func newRing(n uint32) (*ring, error) {
-	p := params{flags: setupSQE128 | setupCQSize, cqEntries: 2 * n}
+// newSysRing creates the ring of queue qid with n submission entries and 2n
+// completion entries, with setup flags flags (IORING_SETUP_*) on top of
+// SQE128 and CQSIZE.
+func newSysRing(qid int, n uint32, flags uint32) (*sysRing, error) {
+	p := params{flags: setupSQE128 | setupCQSize | flags, cqEntries: 2 * n}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(n), uintptr(unsafe.Pointer(&p)), 0)
 	if errno != 0 {
-		return nil, errno
+		return nil, fmt.Errorf("io_uring_setup: %w", errno)
 	}
-	r := &ring{fd: int(fd)}
+	r := &sysRing{fd: int(fd), dev: -1, qid: uint16(qid), efd: -1}
+	r.one[0] = 1
 	if err := r.mmap(&p); err != nil {
+		r.close()
+		return nil, err
+	}
+	var err error
+	r.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
 		r.close()
 		return nil, err
 	}
 	return r, nil
 }
 
-func (r *ring) mmap(p *params) error {
+func (r *sysRing) mmap(p *params) error {
 	if p.features&featSingleMmap == 0 {
 		return errors.New("io_uring without IORING_FEAT_SINGLE_MMAP")
 	}
@@ -117,8 +167,7 @@ func (r *ring) mmap(p *params) error {
 	return nil
 }
 
-// close releases the ring. The kernel cancels whatever is still pending.
-func (r *ring) close() {
+func (r *sysRing) close() {
 	if r.sqeMem != nil {
 		unix.Munmap(r.sqeMem)
 		r.sqeMem = nil
@@ -131,12 +180,95 @@ func (r *ring) close() {
 		unix.Close(r.fd)
 		r.fd = -1
 	}
+	if r.efd >= 0 {
+		unix.Close(r.efd)
+		r.efd = -1
+	}
+}
+
+func (r *sysRing) register(ents []entry) error {
+	for i := range ents {
+		e := &ents[i]
+		sqe := r.getSQE()
+		if sqe == nil {
+			return errors.New("submission queue refused")
+		}
+		put8(sqe, sqeOpcode, iouOpURingCmd)
+		put32(sqe, sqeFD, uint32(r.dev))
+		put32(sqe, sqeOff, cmdRegister)
+		put64(sqe, sqeAddr, uint64(uintptr(unsafe.Pointer(&e.iov[0]))))
+		put32(sqe, sqeLen, 2)
+		put64(sqe, sqeUserData, uint64(i))
+		put16(sqe, sqeCmd+16, r.qid)
+	}
+	if _, err := r.enter(0, 0); err != nil {
+		return fmt.Errorf("io_uring_enter: %w", err)
+	}
+	if c, ok := r.peek(); ok && c.res < 0 {
+		return fmt.Errorf("FUSE_IO_URING_CMD_REGISTER: %w", unix.Errno(-c.res))
+	}
+	return nil
+}
+
+func (r *sysRing) commit(e *entry) bool {
+	sqe := r.getSQE()
+	if sqe == nil {
+		return false
+	}
+	put8(sqe, sqeOpcode, iouOpURingCmd)
+	put32(sqe, sqeFD, uint32(r.dev))
+	put32(sqe, sqeOff, cmdCommitAndFetch)
+	put64(sqe, sqeUserData, uint64(e.idx))
+	put64(sqe, sqeCmd+8, e.commitID)
+	put16(sqe, sqeCmd+16, r.qid)
+	return true
+}
+
+func (r *sysRing) queued() int { return int(r.toSubmit) }
+
+func (r *sysRing) submit() error {
+	_, err := r.enter(0, 0)
+	return err
+}
+
+// wait keeps a read of the eventfd pending, so that wake's write completes
+// it, and waits for one completion.
+func (r *sysRing) wait() error {
+	if !r.efdArmed {
+		if sqe := r.getSQE(); sqe != nil {
+			put8(sqe, sqeOpcode, iouOpRead)
+			put32(sqe, sqeFD, uint32(r.efd))
+			put64(sqe, sqeAddr, uint64(uintptr(unsafe.Pointer(&r.efdBuf[0]))))
+			put32(sqe, sqeLen, 8)
+			put64(sqe, sqeUserData, udWake)
+			r.efdArmed = true
+		}
+	}
+	_, err := r.enter(1, 0)
+	return err
+}
+
+func (r *sysRing) wake() { unix.Write(r.efd, r.one[:]) }
+
+func (r *sysRing) next() (uint64, int32, bool) {
+	for {
+		c, ok := r.peek()
+		if !ok {
+			return 0, 0, false
+		}
+		r.advance()
+		if c.userData == udWake {
+			r.efdArmed = false
+			continue
+		}
+		return c.userData, c.res, true
+	}
 }
 
 // getSQE returns a zeroed submission entry, submitting first if the
 // submission queue is full. It returns nil only if the kernel refuses to
 // take entries.
-func (r *ring) getSQE() []byte {
+func (r *sysRing) getSQE() []byte {
 	for {
 		head := atomic.LoadUint32(r.sqHead)
 		if r.sqLocalTail-head <= r.sqMask {
@@ -158,7 +290,7 @@ func (r *ring) getSQE() []byte {
 
 // enter submits what is queued and waits for at least minComplete
 // completions. EINTR (Go's preemption signals) is retried.
-func (r *ring) enter(minComplete uint32, flags uint32) (int, error) {
+func (r *sysRing) enter(minComplete uint32, flags uint32) (int, error) {
 	if minComplete > 0 {
 		flags |= enterGetEvents
 	}
@@ -179,13 +311,13 @@ func (r *ring) enter(minComplete uint32, flags uint32) (int, error) {
 	}
 }
 
-// ready returns the number of completions waiting.
-func (r *ring) ready() uint32 {
-	return atomic.LoadUint32(r.cqTail) - atomic.LoadUint32(r.cqHead)
+// ready reports whether completions wait.
+func (r *sysRing) ready() bool {
+	return atomic.LoadUint32(r.cqTail) != atomic.LoadUint32(r.cqHead)
 }
 
 // peek returns the oldest completion, if any, without consuming it.
-func (r *ring) peek() (cqe, bool) {
+func (r *sysRing) peek() (cqe, bool) {
 	head := atomic.LoadUint32(r.cqHead)
 	if head == atomic.LoadUint32(r.cqTail) {
 		return cqe{}, false
@@ -194,7 +326,7 @@ func (r *ring) peek() (cqe, bool) {
 }
 
 // advance consumes the oldest completion.
-func (r *ring) advance() {
+func (r *sysRing) advance() {
 	atomic.AddUint32(r.cqHead, 1)
 }
 
@@ -203,6 +335,15 @@ func put8(b []byte, off int, v uint8)   { b[off] = v }
 func put16(b []byte, off int, v uint16) { *(*uint16)(unsafe.Pointer(&b[off])) = v }
 func put32(b []byte, off int, v uint32) { *(*uint32)(unsafe.Pointer(&b[off])) = v }
 func put64(b []byte, off int, v uint64) { *(*uint64)(unsafe.Pointer(&b[off])) = v }
+
+// FUSE io_uring commands (enum fuse_uring_cmd).
+const (
+	cmdRegister       = 1
+	cmdCommitAndFetch = 2
+)
+
+// udWake is the user_data of the eventfd read; entries use their index.
+const udWake = 1 << 62
 
 // SQE field offsets.
 const (

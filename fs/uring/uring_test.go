@@ -68,7 +68,7 @@ func (fakeFS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadRes
 
 func newTestEntry() *entry {
 	mem := make([]byte, 512+8192)
-	return &entry{hdr: mem[:headerBufSize], payload: mem[512:]}
+	return &entry{hdr: mem[:headerBufSize], payload: mem[512:], cancel: make(chan struct{})}
 }
 
 // request writes a request into e's buffers as the kernel does.
@@ -87,11 +87,9 @@ func (e *entry) reply() (fuse.OutHeader, int) {
 
 func TestDispatch(t *testing.T) {
 	e := newTestEntry()
-	cancel := make(chan struct{})
-
 	e.request(opGetattr, 10, 3, make([]byte, 16), nil)
 	e.prepare()
-	e.dispatch(fakeFS{}, cancel)
+	e.dispatch(fakeFS{})
 	o, n := e.reply()
 	a := (*fuse.AttrOut)(unsafe.Pointer(&e.payload[0]))
 	if o.Unique != 10 || o.Status != 0 || n != attrOutSize || a.Size != 4242 || a.Ino != 3 || e.commitID != 10 {
@@ -100,13 +98,13 @@ func TestDispatch(t *testing.T) {
 
 	e.request(opLookup, 11, 1, nil, []byte("nope\x00"))
 	e.prepare()
-	e.dispatch(fakeFS{}, cancel)
+	e.dispatch(fakeFS{})
 	if o, n := e.reply(); o.Status != -int32(fuse.ENOENT) || n != 0 {
 		t.Errorf("LOOKUP of a missing name: %+v, %d bytes", o, n)
 	}
 	e.request(opLookup, 12, 1, nil, []byte("dev\x00"))
 	e.prepare()
-	e.dispatch(fakeFS{}, cancel)
+	e.dispatch(fakeFS{})
 	if o, n := e.reply(); o.Status != 0 || n != entryOutSize || (*fuse.EntryOut)(unsafe.Pointer(&e.payload[0])).NodeId != 7 {
 		t.Errorf("LOOKUP: %+v, %d bytes", o, n)
 	}
@@ -115,14 +113,14 @@ func TestDispatch(t *testing.T) {
 	b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
 	e.request(opRead, 13, 7, b, nil)
 	e.prepare()
-	e.dispatch(fakeFS{}, cancel)
+	e.dispatch(fakeFS{})
 	if o, n := e.reply(); o.Status != 0 || n != 50 || e.payload[1] != 6 {
 		t.Errorf("READ: %+v, %d bytes", o, n)
 	}
 
 	e.request(52, 14, 7, nil, nil) // STATX
 	e.prepare()
-	e.dispatch(fakeFS{}, cancel)
+	e.dispatch(fakeFS{})
 	if o, n := e.reply(); o.Status != -int32(fuse.ENOSYS) || n != 0 {
 		t.Errorf("STATX: %+v, %d bytes", o, n)
 	}

@@ -1,0 +1,430 @@
+package uring
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/dmfuse/dmfuse/stack"
+)
+
+// fakeRing plays the kernel's part of one queue in memory: the test sends
+// requests into free entries (send), the queue's commits come back as
+// replies in the order the queue submitted them.
+type fakeRing struct {
+	mu      sync.Mutex
+	cond    sync.Cond
+	ents    []entry
+	free    []int // entries armed for a request
+	cq      []int // entries holding a request the queue has not reaped
+	sq      []int // commits queued, not submitted
+	woken   bool
+	replies chan fakeReply
+}
+
+type fakeReply struct {
+	unique uint64
+	status int32
+	size   int
+}
+
+func newFakeRing() *fakeRing {
+	r := &fakeRing{replies: make(chan fakeReply, 1024)}
+	r.cond.L = &r.mu
+	return r
+}
+
+func (r *fakeRing) register(ents []entry) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ents = ents
+	for i := range ents {
+		r.free = append(r.free, i)
+	}
+	r.cond.Broadcast()
+	return nil
+}
+
+func (r *fakeRing) commit(e *entry) bool {
+	r.sq = append(r.sq, e.idx)
+	return true
+}
+
+func (r *fakeRing) queued() int { return len(r.sq) }
+
+func (r *fakeRing) submit() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, i := range r.sq {
+		e := &r.ents[i]
+		o := (*fuse.OutHeader)(unsafe.Pointer(&e.hdr[hdrInOut]))
+		r.replies <- fakeReply{o.Unique, o.Status, int(*(*uint32)(unsafe.Pointer(&e.hdr[hdrPayloadSz])))}
+		r.free = append(r.free, i)
+	}
+	r.sq = r.sq[:0]
+	r.cond.Broadcast()
+	return nil
+}
+
+func (r *fakeRing) wait() error {
+	r.submit()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.cq) == 0 && !r.woken {
+		r.cond.Wait()
+	}
+	r.woken = false
+	return nil
+}
+
+func (r *fakeRing) next() (uint64, int32, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.cq) == 0 {
+		return 0, 0, false
+	}
+	i := r.cq[0]
+	r.cq = r.cq[1:]
+	return uint64(i), 0, true
+}
+
+func (r *fakeRing) ready() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.cq) > 0
+}
+
+func (r *fakeRing) wake() {
+	r.mu.Lock()
+	r.woken = true
+	r.cond.Broadcast()
+	r.mu.Unlock()
+}
+
+func (r *fakeRing) close() {}
+
+// unreaped returns the number of requests the queue has not taken yet.
+func (r *fakeRing) unreaped() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.cq)
+}
+
+// send puts a request into a free entry, as the kernel does, waiting for
+// one if none is free.
+func (r *fakeRing) send(op uint32, unique, node uint64, opIn []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.free) == 0 {
+		r.cond.Wait()
+	}
+	i := r.free[0]
+	r.free = r.free[1:]
+	r.ents[i].request(op, unique, node, opIn, nil)
+	r.cq = append(r.cq, i)
+	r.cond.Broadcast()
+}
+
+// read sends a 4 KiB READ of node.
+func (r *fakeRing) read(unique, node uint64) {
+	in := fuse.ReadIn{Size: 4096}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
+	r.send(opRead, unique, node, b)
+}
+
+// reply returns the next reply, failing the test if none comes (the queue
+// is stuck).
+func (r *fakeRing) reply(t *testing.T) fakeReply {
+	t.Helper()
+	select {
+	case p := <-r.replies:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reply: the queue is stuck")
+		return fakeReply{}
+	}
+}
+
+// fakeClock is a clock the test moves.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) Nanotime() int64 { return c.ns.Load() }
+
+// Nodes of waitFS.
+const (
+	nodeFast   = 2 // answers at once
+	nodeHint   = 3 // says it waits (stack.Waiting), then waits for release
+	nodeSilent = 4 // waits for release without saying so
+	nodeCancel = 5 // waits for its cancel channel, answers EINTR
+)
+
+// waitFS answers READs by node, telling started when a waiting read has
+// begun.
+type waitFS struct {
+	fuse.RawFileSystem
+	srv     *Server
+	started chan uint64
+	release chan struct{}
+}
+
+func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
+	switch in.NodeId {
+	case nodeHint:
+		ctx := f.srv.Context(cancel)
+		if ctx == nil {
+			return nil, fuse.EIO
+		}
+		stack.Waiting(ctx)
+		f.started <- in.Unique
+		<-f.release
+	case nodeSilent:
+		f.started <- in.Unique
+		<-f.release
+	case nodeCancel:
+		f.started <- in.Unique
+		<-cancel
+		return nil, fuse.EINTR
+	}
+	return fuse.ReadResultData(buf[:in.Size]), fuse.OK
+}
+
+// newFakeServer starts a one-queue server of depth entries on a fake ring.
+func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *fakeClock) {
+	t.Helper()
+	cfg := Config{Depth: depth, PayloadSize: 8192, Poll: PollOff}
+	clk := &fakeClock{}
+	clk.ns.Store(1)
+	cfg.Clock = clk
+	r := newFakeRing()
+	s := newServer(cfg, []ring{r}, [][]byte{make([]byte, bufSize(cfg))})
+	fs := &waitFS{srv: s, started: make(chan uint64, 16), release: make(chan struct{})}
+	if err := s.start(fs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		select {
+		case <-fs.release:
+		default:
+			close(fs.release)
+		}
+		s.Close()
+		s.Wait()
+	})
+	return s, r, fs, clk
+}
+
+// TestHandOffOnHint: a request that says it waits gives up the queue at
+// once; the requests that arrive behind it complete first, and its reply
+// is committed later by the thread that leads the queue then.
+func TestHandOffOnHint(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 8)
+	q := s.queues[0]
+	r.read(100, nodeHint)
+	if u := <-fs.started; u != 100 {
+		t.Fatalf("started %d", u)
+	}
+	for i := range uint64(5) {
+		r.read(200+2*i, nodeFast)
+	}
+	for i := range 5 {
+		p := r.reply(t)
+		if p.unique == 100 {
+			t.Fatalf("reply %d is the waiting request's", i)
+		}
+		if p.status != 0 || p.size != 4096 {
+			t.Errorf("reply %+v", p)
+		}
+	}
+	close(fs.release)
+	if p := r.reply(t); p.unique != 100 || p.status != 0 || p.size != 4096 {
+		t.Errorf("the waiting request's reply: %+v", p)
+	}
+	// The clock never moved: the hint alone handed the queue over.
+	if h, w := q.hinted.Load(), q.takenOver.Load(); h != 1 || w != 0 {
+		t.Errorf("%d hand-offs on a hint, %d by the watchdog; want 1 and 0", h, w)
+	}
+	// Later requests still flow, now on the thread that was promoted.
+	r.read(300, nodeFast)
+	if p := r.reply(t); p.unique != 300 {
+		t.Errorf("reply %+v after the hand-off", p)
+	}
+}
+
+// TestHandOffManyWaiting: every entry but one holds a waiting request; the
+// last one still serves a stream of quick requests. The first waiting
+// request hands the queue over, the next ones of its node are parked.
+func TestHandOffManyWaiting(t *testing.T) {
+	const depth = 6
+	s, r, fs, _ := newFakeServer(t, depth)
+	for i := range uint64(depth - 1) {
+		r.read(100+2*i, nodeHint)
+		<-fs.started
+	}
+	for i := range uint64(20) {
+		r.read(1000+2*i, nodeFast)
+		if p := r.reply(t); p.unique != 1000+2*i {
+			t.Fatalf("reply %+v, want %d", p, 1000+2*i)
+		}
+	}
+	close(fs.release)
+	seen := map[uint64]bool{}
+	for range depth - 1 {
+		seen[r.reply(t).unique] = true
+	}
+	for i := range uint64(depth - 1) {
+		if !seen[100+2*i] {
+			t.Errorf("no reply to waiting request %d", 100+2*i)
+		}
+	}
+	// The first waiting request handed the queue over; the node's later
+	// requests were parked on goroutines at once.
+	if h, p := s.queues[0].hinted.Load(), s.queues[0].parked.Load(); h != 1 || p != depth-2 {
+		t.Errorf("%d hand-offs on a hint, %d parked; want 1 and %d", h, p, depth-2)
+	}
+}
+
+// TestWatchdogTakeover: a request that waits without saying so holds the
+// queue until the watchdog sees it ran longer than takeoverAfter, by the
+// server's clock; then the requests behind it go on.
+func TestWatchdogTakeover(t *testing.T) {
+	s, r, fs, clk := newFakeServer(t, 4)
+	q := s.queues[0]
+	r.read(100, nodeSilent)
+	<-fs.started
+	r.read(200, nodeFast)
+	start := clk.Nanotime()
+	clk.ns.Store(start + int64(takeoverAfter)/2)
+	if !s.dog.check() {
+		t.Error("watchdog: no queue busy")
+	}
+	// Held: the quick request is still where the kernel put it.
+	if n := r.unreaped(); n != 1 || q.takenOver.Load() != 0 {
+		t.Fatalf("before the deadline: %d unreaped, %d takeovers", n, q.takenOver.Load())
+	}
+	clk.ns.Store(start + 2*int64(takeoverAfter))
+	s.dog.check()
+	if q.takenOver.Load() != 1 {
+		t.Fatalf("%d takeovers after the deadline", q.takenOver.Load())
+	}
+	if p := r.reply(t); p.unique != 200 {
+		t.Errorf("first reply %+v, want the quick request's", p)
+	}
+	close(fs.release)
+	if p := r.reply(t); p.unique != 100 {
+		t.Errorf("second reply %+v", p)
+	}
+	if q.hinted.Load() != 0 {
+		t.Errorf("%d hand-offs on a hint", q.hinted.Load())
+	}
+}
+
+// TestInterrupt: Interrupt closes the cancel channel of the request with
+// that unique id only; the entry's next request gets an open channel.
+func TestInterrupt(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 1)
+	r.read(100, nodeCancel)
+	<-fs.started
+	if s.Interrupt(102) {
+		t.Error("interrupted a request that does not exist")
+	}
+	if !s.Interrupt(100) {
+		t.Fatal("Interrupt(100) found no request")
+	}
+	if p := r.reply(t); p.unique != 100 || p.status != -int32(unix.EINTR) {
+		t.Errorf("interrupted reply %+v", p)
+	}
+	// Same entry (depth 1): a fresh channel, known to Context.
+	r.read(104, nodeHint)
+	<-fs.started
+	fs.release <- struct{}{}
+	if p := r.reply(t); p.unique != 104 || p.status != 0 {
+		t.Errorf("reply after the interrupt %+v", p)
+	}
+	e := &s.queues[0].ent[0]
+	select {
+	case <-e.cancel:
+		t.Error("the entry's channel is still closed")
+	default:
+	}
+	if s.Context(e.cancel) == nil || len(*s.byCancel.Load()) != 1 {
+		t.Error("the renewed channel is not mapped alone")
+	}
+}
+
+// TestContextFUA: Context carries the request's Waiter and, for a WRITE with
+// O_DSYNC, the FUA context.
+func TestContextFUA(t *testing.T) {
+	cfg := Config{Depth: 1, PayloadSize: 8192}
+	s := newServer(cfg, []ring{newFakeRing()}, [][]byte{make([]byte, bufSize(cfg))})
+	e := &s.queues[0].ent[0]
+	in := fuse.WriteIn{Size: 0, Flags: unix.O_DSYNC}
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
+	e.request(opWrite, 10, 7, b, nil)
+	e.prepare()
+	if !e.fua || s.Context(e.cancel) != e.fuaCtx {
+		t.Error("O_DSYNC write: not the FUA context")
+	}
+	e.request(opRead, 12, 7, nil, nil)
+	e.prepare()
+	if e.fua || s.Context(e.cancel) != e.ioCtx {
+		t.Error("read: not the I/O context")
+	}
+	if s.Context(make(chan struct{})) != nil {
+		t.Error("a foreign channel has a context")
+	}
+}
+
+// TestPoller: adaptive polling polls while polls find work, and after two
+// misses in a row only every probeEvery-th time.
+func TestPoller(t *testing.T) {
+	var p poller
+	p.init(0)
+	w := int64(DefaultPollWindow)
+	for range 10 {
+		if p.window() != w {
+			t.Fatal("no poll while polls hit")
+		}
+		p.polled(true)
+	}
+	p.window()
+	p.polled(false)
+	if p.window() != w {
+		t.Fatal("stopped after one miss")
+	}
+	p.polled(false)
+	polls := 0
+	for range 3 * probeEvery {
+		if p.window() > 0 {
+			polls++
+			p.polled(false)
+		}
+	}
+	if polls != 3 {
+		t.Errorf("%d polls in %d dry periods after misses, want 3", polls, 3*probeEvery)
+	}
+	for p.window() == 0 {
+	}
+	p.polled(true)
+	if p.window() != w {
+		t.Error("no polling after a poll found work")
+	}
+	// A deep queue (many requests between dry moments) does not poll.
+	p.burst = maxBurst + 1
+	if p.window() != 0 {
+		t.Error("polls a deep queue")
+	}
+	if p.window() != w {
+		t.Error("no poll once the queue is shallow again")
+	}
+	var off, fixed poller
+	off.init(PollOff)
+	fixed.init(time.Millisecond)
+	if off.window() != 0 || fixed.window() != int64(time.Millisecond) {
+		t.Error("off or fixed polling")
+	}
+}

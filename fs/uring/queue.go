@@ -1,0 +1,422 @@
+package uring
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// queue is one ring and its entries. One thread at a time leads it: it reaps
+// completions, answers requests inline and commits the replies, so that one
+// io_uring_enter both commits a reply and waits for the next request. Other
+// threads of the queue wait as standby.
+//
+// A request that is going to wait (stack.Waiting, through entry.Waiting) or
+// that has held the leader for longer than the watchdog allows gives up the
+// queue: a standby thread (a new one if none waits) becomes the leader at
+// once, and the old leader finishes the request, puts the entry on the
+// queue's list of finished entries, wakes the new leader to commit it, and
+// becomes a standby thread itself.
+type queue struct {
+	s     *Server
+	id    int
+	r     ring
+	mem   []byte
+	unmap bool // mem is a mapping of New's
+	ent   []entry
+
+	// Leader-only state.
+	pending  []*entry // requests reaped but not handled yet, from pendNext on
+	pendNext int
+	dead     int
+	seq      uint64 // sequence number of the last request handled inline
+	poll     poller
+
+	cur      atomic.Uint64 // sequence number of the leader's inline request; 0: none
+	tid      atomic.Int32  // the leader's thread id
+	curStart atomic.Int64  // when it started (Server.clock), for the watchdog
+	sleeping atomic.Int32
+	done     atomic.Pointer[entry] // entries answered off the leader
+	stopping atomic.Bool
+
+	// Hand-offs, by cause.
+	hinted, takenOver, parked atomic.Uint64
+
+	mu      sync.Mutex
+	idle    int
+	threads int
+	standby chan struct{}
+	closed  bool
+}
+
+func newQueue(s *Server, id int, r ring, mem []byte) *queue {
+	q := &queue{s: s, id: id, r: r, mem: mem, standby: make(chan struct{}, 1<<16)}
+	q.ent = s.newEntries(q, mem)
+	q.pending = make([]*entry, 0, len(q.ent))
+	q.poll.init(s.cfg.Poll)
+	return q
+}
+
+func (q *queue) release() {
+	if q.r != nil {
+		q.r.close()
+		q.r = nil
+	}
+	if q.mem != nil && q.unmap {
+		unix.Munmap(q.mem)
+	}
+	q.mem = nil
+}
+
+// pin binds the calling thread to CPU cpu.
+func pin(cpu int) {
+	var set unix.CPUSet
+	set.Set(cpu)
+	unix.SchedSetaffinity(0, &set)
+}
+
+// thread is one OS thread of the queue. The goroutine stays locked to its
+// thread until it returns, so that the thread, pinned to the queue's CPU,
+// ends with it: io_uring cancels a thread's commands when the thread exits,
+// and nothing exits while the ring lives.
+func (q *queue) thread(leader bool, started chan<- error) {
+	runtime.LockOSThread()
+	pin(q.id) // registration runs here: bound before lead binds it
+	defer q.s.wg.Done()
+	if started != nil {
+		err := q.r.register(q.ent)
+		started <- err
+		if err != nil {
+			q.exit()
+			return
+		}
+	}
+	for {
+		if !leader {
+			q.mu.Lock()
+			if q.closed {
+				q.mu.Unlock()
+				return
+			}
+			q.idle++
+			q.mu.Unlock()
+			if _, ok := <-q.standby; !ok {
+				return
+			}
+		}
+		if q.lead() {
+			leader = false
+			continue
+		}
+		q.exit()
+		return
+	}
+}
+
+// exit ends the queue: standby threads return and the ring is released
+// once every thread has.
+func (q *queue) exit() {
+	q.mu.Lock()
+	if !q.closed {
+		q.closed = true
+		close(q.standby)
+	}
+	q.mu.Unlock()
+}
+
+// promote hands the queue to a standby thread, starting one if none waits.
+func (q *queue) promote() {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return
+	}
+	if q.idle > 0 {
+		q.idle--
+		q.mu.Unlock()
+		q.standby <- struct{}{}
+		return
+	}
+	q.threads++
+	q.s.wg.Add(1)
+	q.mu.Unlock()
+	go q.thread(true, nil)
+}
+
+// commit queues the reply held by e and re-arms e for the next request.
+func (q *queue) commit(e *entry) {
+	if !q.r.commit(e) {
+		q.dead++
+	}
+}
+
+// wake makes the leader look at its list of finished entries.
+func (q *queue) wake() {
+	if q.sleeping.CompareAndSwap(1, 0) {
+		q.r.wake()
+	}
+}
+
+// finished queues e, answered off the leader's thread, for commit.
+func (q *queue) finished(e *entry) {
+	for {
+		old := q.done.Load()
+		e.next = old
+		if q.done.CompareAndSwap(old, e) {
+			break
+		}
+	}
+	q.wake()
+}
+
+// reap moves completions into pending and returns how many requests arrived.
+func (q *queue) reap() int {
+	n := 0
+	for {
+		idx, res, ok := q.r.next()
+		if !ok {
+			return n
+		}
+		if idx >= uint64(len(q.ent)) {
+			continue
+		}
+		e := &q.ent[idx]
+		if res < 0 {
+			// ENOTCONN after an unmount, or a cancelled entry.
+			if res != -int32(unix.ENOTCONN) && res != -int32(unix.ENODEV) && res != -int32(unix.ECANCELED) {
+				q.s.cfg.Logf("io_uring queue %d: entry %d: %v", q.id, e.idx, unix.Errno(-res))
+			}
+			q.dead++
+			continue
+		}
+		q.pending = append(q.pending, e)
+		n++
+	}
+}
+
+// lead runs the queue until it ends (false) or until it hands the queue to
+// another thread because a request waits (true).
+func (q *queue) lead() bool {
+	// Only the leader is bound to the queue's CPU: a thread that gave up
+	// the queue was unbound (giveUp), so that the requests waiting on such
+	// threads (a delay target's spin to its deadline) do not queue up for
+	// one CPU.
+	pin(q.id)
+	q.tid.Store(int32(unix.Gettid()))
+	for {
+		if d := q.done.Swap(nil); d != nil {
+			for e := d; e != nil; {
+				nx := e.next
+				e.next = nil
+				q.commit(e)
+				e = nx
+			}
+		}
+		if q.pendNext < len(q.pending) {
+			// Pop before handling: if the queue changes hands while
+			// e runs, the new leader owns exactly what is left.
+			e := q.pending[q.pendNext]
+			q.pendNext++
+			if q.pendNext == len(q.pending) {
+				q.pending, q.pendNext = q.pending[:0], 0
+			}
+			q.poll.burst++
+			if q.handle(e) {
+				return true
+			}
+			if q.r.queued() >= 16 {
+				q.r.submit()
+			}
+			continue
+		}
+		if q.reap() > 0 {
+			continue
+		}
+		if q.dead >= len(q.ent) || q.stopping.Load() {
+			return false
+		}
+		if w := q.poll.window(); w > 0 {
+			if q.r.queued() > 0 {
+				q.r.submit()
+			}
+			hit := q.spin(w)
+			q.poll.polled(hit)
+			if hit {
+				continue
+			}
+		}
+		q.sleeping.Store(1)
+		if q.done.Load() != nil || q.stopping.Load() {
+			q.sleeping.Store(0)
+			continue
+		}
+		if err := q.r.wait(); err != nil {
+			q.s.cfg.Logf("io_uring queue %d: io_uring_enter: %v", q.id, err)
+			q.sleeping.Store(0)
+			return false
+		}
+		q.sleeping.Store(0)
+	}
+}
+
+// spin polls the completion queue and the finished list for up to w
+// nanoseconds. Between looks it yields the CPU (sched_yield), so that a
+// thread that is ready to run on this CPU, often the application that
+// issues the requests, runs first: polling uses only a CPU nobody else
+// wants.
+func (q *queue) spin(w int64) bool {
+	end := q.s.clock.Nanotime() + w
+	for {
+		if q.r.ready() || q.done.Load() != nil || q.stopping.Load() {
+			return true
+		}
+		if q.s.clock.Nanotime() > end {
+			return false
+		}
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
+}
+
+// handle answers one request inline. It reports whether the queue changed
+// hands while the request ran (the request waited, or the watchdog took
+// the queue over); the reply then goes to the new leader.
+func (q *queue) handle(e *entry) bool {
+	if e.prepare() {
+		q.s.renew(e)
+	}
+	e.hinted = false
+	if w := &q.s.waits[e.nodeID%uint64(len(q.s.waits))]; w.Load() {
+		// The node's last request waited: park this one on a goroutine
+		// of its own at once, and commit its reply when it is done.
+		e.seq = 0
+		q.parked.Add(1)
+		go q.async(e, w)
+		return false
+	}
+	q.seq++
+	e.seq = q.seq
+	q.curStart.Store(q.s.clock.Nanotime())
+	q.cur.Store(e.seq)
+	q.s.dog.busy()
+	e.dispatch(q.s.fs)
+	e.ended()
+	if !q.cur.CompareAndSwap(e.seq, 0) {
+		// Another thread now owns the ring: hand the reply to it.
+		q.finished(e)
+		return true
+	}
+	q.commit(e)
+	return false
+}
+
+// async runs a parked request; a request of the node that completes
+// without waiting brings the node's requests back inline.
+func (q *queue) async(e *entry, w *atomic.Bool) {
+	e.dispatch(q.s.fs)
+	e.ended()
+	if !e.hinted {
+		w.Store(false)
+	}
+	q.finished(e)
+}
+
+// giveUp hands the queue to another thread if the request with sequence
+// number seq is the leader's inline request, and reports whether it was.
+func (q *queue) giveUp(seq uint64) bool {
+	if seq == 0 || !q.cur.CompareAndSwap(seq, 0) {
+		return false
+	}
+	unix.SchedSetaffinity(int(q.tid.Load()), &q.s.cpus)
+	q.promote()
+	return true
+}
+
+// Waiting implements stack.Waiter: the request held by e is about to wait,
+// so the queue goes to another thread now.
+func (e *entry) Waiting() {
+	e.hinted = true
+	if w := &e.q.s.waits[e.nodeID%uint64(len(e.q.s.waits))]; !w.Load() {
+		w.Store(true)
+	}
+	if e.q.giveUp(e.seq) {
+		e.q.hinted.Add(1)
+	}
+}
+
+// poller decides how long the leader polls for its next request before it
+// sleeps. As dm's bio polling (one poller per hardware queue at a time,
+// polled only while I/O is expected on it, the gain largest at low queue
+// depth), a queue polls only while work is expected and the queue is
+// shallow: when it
+// ran dry after at most maxBurst requests, and while its polls find
+// requests. After two polls in a row found none, it polls only on every
+// probeEvery-th time it runs dry, until a poll finds a request again; an
+// idle queue sleeps in io_uring_enter and does not poll at all. A deep
+// queue (more requests between two dry moments) sleeps: its wake-ups are
+// shared by many requests, and a poller would take CPU time from the
+// application. Only the queue's leader polls its ring.
+type poller struct {
+	mode   int8  // pollAdaptive, pollFixed or pollOff
+	win    int64 // the window, ns
+	burst  int   // requests handled since the queue last ran dry
+	misses int   // polls in a row that found nothing
+	skip   int   // times the queue ran dry without polling since the last poll
+}
+
+// maxBurst is the most requests between two dry moments of a queue that
+// adaptive polling takes for a shallow queue.
+const maxBurst = 2
+
+const (
+	pollAdaptive = iota
+	pollFixed
+	pollOff
+)
+
+// probeEvery is how often a queue whose polls keep missing polls anyway.
+const probeEvery = 32
+
+func (p *poller) init(cfg time.Duration) {
+	switch {
+	case cfg < 0:
+		p.mode = pollOff
+	case cfg == 0:
+		p.mode, p.win = pollAdaptive, int64(DefaultPollWindow)
+	default:
+		p.mode, p.win = pollFixed, int64(cfg)
+	}
+}
+
+// window returns how long to spin now that the queue ran dry.
+func (p *poller) window() int64 {
+	switch p.mode {
+	case pollOff:
+		return 0
+	case pollFixed:
+		return p.win
+	}
+	burst := p.burst
+	p.burst = 0
+	if burst > maxBurst {
+		return 0
+	}
+	if p.misses >= 2 {
+		if p.skip++; p.skip < probeEvery {
+			return 0
+		}
+	}
+	p.skip = 0
+	return p.win
+}
+
+// polled records whether a poll found work.
+func (p *poller) polled(hit bool) {
+	if hit {
+		p.misses = 0
+	} else {
+		p.misses++
+	}
+}

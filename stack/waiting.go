@@ -1,0 +1,36 @@
+package stack
+
+import "context"
+
+// Waiter is told when the request it belongs to is about to wait: a
+// transport that serves several requests on one thread (io_uring) hands its
+// thread's other requests to another thread at once, instead of letting them
+// queue behind one that waits.
+type Waiter interface {
+	// Waiting is called on the goroutine that runs the request, before it
+	// blocks. It may be called more than once for one request, and must be
+	// cheap: it runs on the I/O path.
+	Waiting()
+}
+
+type waiterKey struct{}
+
+// WithWaiter returns ctx carrying w: Waiting(ctx) and Waiting of any context
+// derived from it call w.Waiting. Transports build these contexts once per
+// request slot, not per request.
+func WithWaiter(ctx context.Context, w Waiter) context.Context {
+	return context.WithValue(ctx, waiterKey{}, w)
+}
+
+// Waiting tells the transport of the request ctx belongs to that the request
+// is about to wait for longer than a round trip: the device gate holds it
+// (suspended device), delay queues it, multipath queues it without a path,
+// a backing block device, or a flush or durable write of a file on disk, is
+// about to sleep. Call it just before
+// blocking, and only on paths that block: a transport may hand over its
+// thread on every call. It does nothing for a context without a Waiter.
+func Waiting(ctx context.Context) {
+	if w, ok := ctx.Value(waiterKey{}).(Waiter); ok {
+		w.Waiting()
+	}
+}
