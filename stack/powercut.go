@@ -200,8 +200,11 @@ func pcGetBuf(n int) *[]byte {
 	return &b
 }
 
-func pcPutBuf(bp *[]byte) {
-	if c := pcBufClass(cap(*bp)); c < pcBufClasses && cap(*bp) == SectorSize<<c {
+// pcPutBuf returns bp, of capacity size, to its pool. The caller passes the
+// capacity it knows, so that a free does not load the slice header bp
+// points to (a cache miss per entry in a full cache).
+func pcPutBuf(bp *[]byte, size int) {
+	if c := pcBufClass(size); c < pcBufClasses && size == SectorSize<<c {
 		pcBufPools[c].Put(bp)
 	}
 }
@@ -226,7 +229,7 @@ func pcNewEntry(kind pcKind, off, n int64) *pcEntry {
 
 func pcFreeEntry(e *pcEntry) {
 	if e.buf != nil {
-		pcPutBuf(e.buf)
+		pcPutBuf(e.buf, cap(e.data))
 	}
 	*e = pcEntry{holes: e.holes[:0]}
 	pcEntryPool.Put(e)

@@ -45,7 +45,7 @@ func TestPowercutIndexForms(t *testing.T) {
 				}
 			}
 		}
-		for step := range 3000 {
+		for step := range 2000 {
 			off := rng.Int64N(size)
 			end := min(size, off+1+rng.Int64N(3<<pcChunkShift/2))
 			switch r := rng.IntN(100); {
