@@ -81,3 +81,37 @@ func TestPowercutIndexForms(t *testing.T) {
 		check(-1)
 	}
 }
+
+// BenchmarkPowercutIndex measures what the index does per 4 KiB write into a
+// full 32 MiB cache over a 1 GiB target (8192 entries at random offsets):
+// the oldest entry leaves it, the new one goes in. "slice" is the index of
+// such a target; "map" the form of a target over 64 GiB, on the same
+// offsets.
+func BenchmarkPowercutIndex(b *testing.B) {
+	for _, form := range []struct {
+		name   string
+		length int64
+	}{{"slice", 1 << 30}, {"map", (pcFlatChunks + 1) << pcChunkShift}} {
+		b.Run(form.name, func(b *testing.B) {
+			var x pcIndex
+			x.init(form.length)
+			const n = 8192
+			ring := make([]pcEntry, n)
+			rng := rand.New(rand.NewPCG(3, 4))
+			put := func(e *pcEntry) {
+				e.off = rng.Int64N(1<<30/4096) * 4096
+				e.end = e.off + 4096
+				x.put(e.off, e.end, e)
+			}
+			for i := range ring {
+				put(&ring[i])
+			}
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				e := &ring[i%n]
+				x.clear(e.off, e.end, e)
+				put(e)
+			}
+		})
+	}
+}
