@@ -898,12 +898,13 @@ type pcExtent struct {
 type pcChunk struct{ ext []pcExtent }
 
 // pcFlatChunks is the most chunks an index keeps in a slice indexed by
-// chunk (a target of up to 64 GiB: 1.5 MiB of chunk headers); a larger
+// chunk (a target of up to 16 GiB: 384 KiB of chunk headers); a larger
 // target keeps its chunks in a map.
-const pcFlatChunks = 1 << 16
+const pcFlatChunks = 1 << 14
 
 // pcFlatKeep is the most extents an emptied chunk of a slice index keeps
-// room for.
+// room for (768 bytes, so that a chunk that empties and fills again does
+// not allocate; at most 12 MiB over a 16 GiB target).
 const pcFlatKeep = 32
 
 // pcIndex maps each cached byte to the newest entry holding it. It is split

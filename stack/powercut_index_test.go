@@ -85,7 +85,7 @@ func TestPowercutIndexForms(t *testing.T) {
 // BenchmarkPowercutIndex measures what the index does per 4 KiB write into a
 // full 32 MiB cache over a 1 GiB target (8192 entries at random offsets):
 // the oldest entry leaves it, the new one goes in. "slice" is the index of
-// such a target; "map" the form of a target over 64 GiB, on the same
+// such a target; "map" the form of a target over 16 GiB, on the same
 // offsets.
 func BenchmarkPowercutIndex(b *testing.B) {
 	for _, form := range []struct {

@@ -58,6 +58,10 @@ func main() {
 	jobs := flag.String("jobs", "", "run only the jobs whose title ends with this (e.g. \"2x32\": libaio 2x32 without fsync)")
 	pprof := flag.String("pprof", "", "daemon --pprof HOST:PORT, to profile it during the runs")
 	flag.Parse()
+	if !slices.ContainsFunc(benchkit.RandWriteJobs, func(j benchkit.Job) bool { return strings.HasSuffix(j.Title, *jobs) }) {
+		fmt.Fprintf(os.Stderr, "powercut bench: -jobs %q: no job title ends with it\n", *jobs)
+		os.Exit(2)
+	}
 	b := &bench{pairs: *pairs, rt: *rt, sizeMiB: *size, cache: *cache, transport: *transport, jobs: *jobs, pprof: *pprof}
 	benchkit.Main("powercut", *out, b.run)
 }
