@@ -200,8 +200,11 @@ func pcGetBuf(n int) *[]byte {
 	return &b
 }
 
-func pcPutBuf(bp *[]byte) {
-	if c := pcBufClass(cap(*bp)); c < pcBufClasses && cap(*bp) == SectorSize<<c {
+// pcPutBuf returns bp, of capacity size, to its pool. The caller passes the
+// capacity it knows, so that a free does not load the slice header bp
+// points to (a cache miss per entry in a full cache).
+func pcPutBuf(bp *[]byte, size int) {
+	if c := pcBufClass(size); c < pcBufClasses && size == SectorSize<<c {
 		pcBufPools[c].Put(bp)
 	}
 }
@@ -226,7 +229,7 @@ func pcNewEntry(kind pcKind, off, n int64) *pcEntry {
 
 func pcFreeEntry(e *pcEntry) {
 	if e.buf != nil {
-		pcPutBuf(e.buf)
+		pcPutBuf(e.buf, cap(e.data))
 	}
 	*e = pcEntry{holes: e.holes[:0]}
 	pcEntryPool.Put(e)
@@ -329,7 +332,7 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 	p.dev, p.start, p.off = r.Dev, r.Off, r.Off/SectorSize
 	p.reserved = pcReserve(2 * p.limit * SectorSize)
 	p.mu.lastMode = "none"
-	p.mu.idx.init()
+	p.mu.idx.init(c.Len * SectorSize)
 	p.mu.room.L = &p.mu.Mutex
 	return p, nil
 }
@@ -894,17 +897,85 @@ type pcExtent struct {
 // pcChunk holds the extents inside one 1 MiB span, sorted and disjoint.
 type pcChunk struct{ ext []pcExtent }
 
+// pcFlatChunks is the most chunks an index keeps in a slice indexed by
+// chunk (a target of up to 16 GiB: 384 KiB of chunk headers); a larger
+// target keeps its chunks in a map.
+const pcFlatChunks = 1 << 14
+
+// pcFlatKeep is the most extents an emptied chunk of a slice index keeps
+// room for (768 bytes, so that a chunk that empties and fills again does
+// not allocate; at most 12 MiB over a 16 GiB target).
+const pcFlatKeep = 32
+
 // pcIndex maps each cached byte to the newest entry holding it. It is split
-// into chunks so that an insertion moves only the extents of a chunk.
+// into chunks so that an insertion moves only the extents of a chunk. The
+// chunks of a target of at most pcFlatChunks chunks are a slice indexed by
+// chunk, so that finding one touches no map: an index operation is bound by
+// the cache misses on the way to the extents. An empty chunk there has no
+// extents.
 type pcIndex struct {
+	flat   []pcChunk
 	chunks map[int64]*pcChunk
 	free   []*pcChunk
 }
 
-func (x *pcIndex) init() { x.chunks = make(map[int64]*pcChunk) }
+// init sets the index up for a target of length bytes.
+func (x *pcIndex) init(length int64) {
+	if n := (length + 1<<pcChunkShift - 1) >> pcChunkShift; n <= pcFlatChunks {
+		x.flat = make([]pcChunk, n)
+		return
+	}
+	x.chunks = make(map[int64]*pcChunk)
+}
+
+// get returns chunk ck, nil when it has no extents.
+func (x *pcIndex) get(ck int64) *pcChunk {
+	if x.flat != nil {
+		if c := &x.flat[ck]; len(c.ext) > 0 {
+			return c
+		}
+		return nil
+	}
+	return x.chunks[ck]
+}
+
+// chunk returns chunk ck, making it when it has none.
+func (x *pcIndex) chunk(ck int64) *pcChunk {
+	if x.flat != nil {
+		return &x.flat[ck]
+	}
+	var c *pcChunk
+	if c = x.chunks[ck]; c == nil {
+		if n := len(x.free); n > 0 {
+			c, x.free = x.free[n-1], x.free[:n-1]
+		} else {
+			c = new(pcChunk)
+		}
+		x.chunks[ck] = c
+	}
+	return c
+}
+
+// emptied is called when chunk ck, c, has no extents left.
+func (x *pcIndex) emptied(ck int64, c *pcChunk) {
+	if x.flat != nil {
+		if cap(c.ext) > pcFlatKeep {
+			c.ext = nil
+		}
+		return
+	}
+	delete(x.chunks, ck)
+	x.free = append(x.free, c)
+}
 
 // reset empties the index.
 func (x *pcIndex) reset() {
+	for i := range x.flat {
+		if c := &x.flat[i]; len(c.ext) > 0 {
+			c.ext = c.ext[:0]
+			x.emptied(int64(i), c)
+		}
+	}
 	for k, c := range x.chunks {
 		c.ext = c.ext[:0]
 		x.free = append(x.free, c)
@@ -934,15 +1005,7 @@ func chunkSpan(ck, off, end int64) (int64, int64) {
 // put makes e the newest data of [off, end).
 func (x *pcIndex) put(off, end int64, e *pcEntry) {
 	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
-		c := x.chunks[ck]
-		if c == nil {
-			if n := len(x.free); n > 0 {
-				c, x.free = x.free[n-1], x.free[:n-1]
-			} else {
-				c = new(pcChunk)
-			}
-			x.chunks[ck] = c
-		}
+		c := x.chunk(ck)
 		a, b := chunkSpan(ck, off, end)
 		c.replace(a, b, e)
 	}
@@ -977,7 +1040,7 @@ func (c *pcChunk) replace(a, b int64, e *pcEntry) {
 // else only the extents of entry only.
 func (x *pcIndex) clear(off, end int64, only *pcEntry) {
 	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
-		c := x.chunks[ck]
+		c := x.get(ck)
 		if c == nil {
 			continue
 		}
@@ -1000,8 +1063,7 @@ func (x *pcIndex) clear(off, end int64, only *pcEntry) {
 			c.ext = slices.Delete(c.ext, kept, j)
 		}
 		if len(c.ext) == 0 {
-			delete(x.chunks, ck)
-			x.free = append(x.free, c)
+			x.emptied(ck, c)
 		}
 	}
 }
@@ -1010,7 +1072,7 @@ func (x *pcIndex) clear(off, end int64, only *pcEntry) {
 func (x *pcIndex) covers(off, end int64) bool {
 	pos := off
 	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
-		c := x.chunks[ck]
+		c := x.get(ck)
 		if c == nil {
 			return false
 		}
@@ -1029,7 +1091,7 @@ func (x *pcIndex) covers(off, end int64) bool {
 func (x *pcIndex) read(p []byte, off int64) {
 	end := off + int64(len(p))
 	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
-		c := x.chunks[ck]
+		c := x.get(ck)
 		if c == nil {
 			continue
 		}

@@ -1008,19 +1008,26 @@ func FuzzPowercut(f *testing.F) {
 	})
 }
 
+// pcBenchTarget is a linear or powercut target (name) over the whole of a
+// memory device of size bytes, closed when b ends.
+func pcBenchTarget(b *testing.B, name string, size int64) stack.Target {
+	dev := stack.NewMemDevice("mem", size)
+	tg, err := map[string]*stack.TargetType{"linear": stack.Linear, "powercut": stack.Powercut}[name].New(
+		pcCtor(dev.Size()/pcSector, dev), []string{"mem", "0"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { tg.Close() })
+	return tg
+}
+
 // BenchmarkPowercutWrite measures a 4 KiB write into the cache, with a
 // flush every 32 writes (as fio --fsync=32), from all Ps, over a memory
 // device; linear over the same device is the baseline.
 func BenchmarkPowercutWrite(b *testing.B) {
 	for _, name := range []string{"linear", "powercut"} {
 		b.Run(name, func(b *testing.B) {
-			dev := stack.NewMemDevice("mem", 64<<20)
-			tg, err := map[string]*stack.TargetType{"linear": stack.Linear, "powercut": stack.Powercut}[name].New(
-				pcCtor(dev.Size()/pcSector, dev), []string{"mem", "0"})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer tg.Close()
+			tg := pcBenchTarget(b, name, 64<<20)
 			b.ReportAllocs()
 			b.SetBytes(4096)
 			b.RunParallel(func(pb *testing.PB) {
@@ -1368,5 +1375,39 @@ func TestPowercutMemoryLimit(t *testing.T) {
 	c.Close()
 	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
 		t.Errorf("no memory limit became %d", got)
+	}
+}
+
+// BenchmarkPowercutFull measures a 4 KiB write at a random offset of a
+// 256 MiB memory device, from all Ps, without flushes: past the first 8192
+// writes the default 32 MiB cache is full and every write destages its
+// share of the oldest entries. linear over the same device is the baseline.
+func BenchmarkPowercutFull(b *testing.B) {
+	for _, name := range []string{"linear", "powercut"} {
+		b.Run(name, func(b *testing.B) {
+			tg := pcBenchTarget(b, name, 256<<20)
+			ctx := context.Background()
+			buf := make([]byte, 4096)
+			for i := range int64(16384) { // fill the cache
+				tg.WriteAt(ctx, buf, (i*7919%65536)*4096)
+			}
+			b.ReportAllocs()
+			b.SetBytes(4096)
+			b.ResetTimer()
+			var seed atomic.Uint64
+			b.RunParallel(func(pb *testing.PB) {
+				buf := make([]byte, 4096)
+				r := seed.Add(0x9e3779b97f4a7c15)
+				for pb.Next() {
+					r ^= r << 13
+					r ^= r >> 7
+					r ^= r << 17
+					if _, err := tg.WriteAt(ctx, buf, int64(r%65536)*4096); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
 	}
 }

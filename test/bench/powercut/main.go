@@ -55,8 +55,14 @@ func main() {
 	cache := flag.Int64("cache", -1, "powercut cache_sectors (-1: the default, 65536 sectors = 32 MiB)")
 	transport := flag.String("transport", "dev", "dmfuse --transport")
 	out := flag.String("out", "", "also write the table to this file")
+	jobs := flag.String("jobs", "", "run only the jobs whose title ends with this (e.g. \"2x32\": libaio 2x32 without fsync)")
+	pprof := flag.String("pprof", "", "daemon --pprof HOST:PORT, to profile it during the runs")
 	flag.Parse()
-	b := &bench{pairs: *pairs, rt: *rt, sizeMiB: *size, cache: *cache, transport: *transport}
+	if !slices.ContainsFunc(benchkit.RandWriteJobs, func(j benchkit.Job) bool { return strings.HasSuffix(j.Title, *jobs) }) {
+		fmt.Fprintf(os.Stderr, "powercut bench: -jobs %q: no job title ends with it\n", *jobs)
+		os.Exit(2)
+	}
+	b := &bench{pairs: *pairs, rt: *rt, sizeMiB: *size, cache: *cache, transport: *transport, jobs: *jobs, pprof: *pprof}
 	benchkit.Main("powercut", *out, b.run)
 }
 
@@ -66,6 +72,8 @@ type bench struct {
 	sizeMiB   int
 	cache     int64
 	transport string
+	jobs      string
+	pprof     string
 	bin, sock string
 	mnt       string
 	pid       int // the daemon
@@ -105,7 +113,11 @@ func (b *bench) run(w io.Writer) (err error) {
 		return err
 	}
 	b.sock = filepath.Join(work, "ctl.sock")
-	srv, err := benchkit.StartServer("dmfuse", b.mnt, nil, b.bin, "mount", "--config", cfg, "--control", b.sock, "--transport", b.transport, b.mnt)
+	args := []string{"mount", "--config", cfg, "--control", b.sock, "--transport", b.transport}
+	if b.pprof != "" {
+		args = append(args, "--pprof", b.pprof)
+	}
+	srv, err := benchkit.StartServer("dmfuse", b.mnt, nil, append(append([]string{b.bin}, args...), b.mnt)...)
 	if err != nil {
 		return err
 	}
@@ -154,6 +166,9 @@ func (b *bench) measure(ctx context.Context, w io.Writer) error {
 	t0 := time.Now()
 	for round := range b.pairs {
 		for _, j := range benchkit.RandWriteJobs {
+			if !strings.HasSuffix(j.Title, b.jobs) {
+				continue
+			}
 			var got [2]float64
 			for k := range 2 {
 				d := (k + round) % 2
@@ -194,6 +209,9 @@ func (b *bench) measure(ctx context.Context, w io.Writer) error {
 	fmt.Fprintln(w, "|---|---:|---:|---|---:|---:|---:|---:|")
 	for _, j := range benchkit.RandWriteJobs {
 		r := ratios[j.Title]
+		if len(r) == 0 {
+			continue
+		}
 		fmt.Fprintf(w, "| %s | %.0f | %.0f | **%.3f** (%.2f-%.2f) | %.1f | %.1f | %.1f | %.1f |\n", j.Title,
 			benchkit.Median(iops[j.Title+"/lin"]), benchkit.Median(iops[j.Title+"/pc"]),
 			benchkit.Median(r), slices.Min(r), slices.Max(r),
