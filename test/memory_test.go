@@ -94,9 +94,13 @@ func TestMemoryBound(t *testing.T) {
 			t.Errorf("burst %d: %.1f MiB of heap in use after the idle release, against %.1f MiB before any I/O", i+1, mb(idle), mb(base))
 		}
 	}
-	// The same load again holds no more: a quarter of the bound covers
-	// where in the collector's cycle the scrapes fall.
-	if slack := plan.Bound / 4; peaks[1].inuse > peaks[0].inuse+slack {
+	// The same load again holds no more. The peaks are sampled by scrapes,
+	// and where in the collector's cycle they fall moves a sampled peak by
+	// up to a third of the bound (10.5 against 19.1 MiB for two identical
+	// bursts of a 23.9 MiB bound, each back to 2.5 MiB after its idle
+	// release): half the bound covers that, and a build that keeps what a
+	// burst took still fails here or at the idle release above.
+	if slack := plan.Bound / 2; peaks[1].inuse > peaks[0].inuse+slack {
 		t.Errorf("the second burst raised the peak heap in use from %.1f to %.1f MiB", mb(peaks[0].inuse), mb(peaks[1].inuse))
 	}
 }
