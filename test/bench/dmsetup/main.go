@@ -32,7 +32,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -105,30 +104,13 @@ func (b *bench) cmd(name string, args ...string) error {
 // create creates the device bench, which starts a daemon if none runs.
 func (b *bench) create() error {
 	if b.uring {
-		restore, err := enableURing()
+		restore, err := benchkit.EnableURing()
 		if err != nil {
 			return err
 		}
 		defer restore()
 	}
 	return b.cmd(b.dmsetup, "create", "bench", "--table", fmt.Sprintf("0 %d linear %s 0", b.sectors, b.img))
-}
-
-// uringParam is the fuse module parameter that offers FUSE over io_uring
-// to new connections.
-const uringParam = "/sys/module/fuse/parameters/enable_uring"
-
-// enableURing switches enable_uring on and returns what puts the old value
-// back.
-func enableURing() (func(), error) {
-	old, err := os.ReadFile(uringParam)
-	if err != nil {
-		return nil, fmt.Errorf("io_uring transport: %w (this kernel has no FUSE over io_uring)", err)
-	}
-	if err := os.WriteFile(uringParam, []byte("Y"), 0); err != nil {
-		return nil, fmt.Errorf("switching on %s: %w", uringParam, err)
-	}
-	return func() { os.WriteFile(uringParam, bytes.TrimSpace(old), 0) }, nil
 }
 
 // stop removes every device and stops the daemon.
