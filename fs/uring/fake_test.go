@@ -2,7 +2,6 @@ package uring
 
 import (
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -11,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
 // fakeRing plays the kernel's part of one queue in memory: the test sends
@@ -150,11 +150,6 @@ func (r *fakeRing) reply(t *testing.T) fakeReply {
 	}
 }
 
-// fakeClock is a clock the test moves.
-type fakeClock struct{ ns atomic.Int64 }
-
-func (c *fakeClock) Nanotime() int64 { return c.ns.Load() }
-
 // Nodes of waitFS.
 const (
 	nodeFast   = 2 // answers at once
@@ -194,11 +189,11 @@ func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse
 }
 
 // newFakeServer starts a one-queue server of depth entries on a fake ring.
-func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *fakeClock) {
+func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *stacktest.ManualClock) {
 	t.Helper()
 	cfg := Config{Depth: depth, PayloadSize: 8192, Poll: PollOff}
-	clk := &fakeClock{}
-	clk.ns.Store(1)
+	clk := &stacktest.ManualClock{}
+	clk.Set(1)
 	cfg.Clock = clk
 	r := newFakeRing()
 	s := newServer(cfg, []ring{r}, [][]byte{make([]byte, bufSize(cfg))})
@@ -298,7 +293,7 @@ func TestWatchdogTakeover(t *testing.T) {
 	<-fs.started
 	r.read(200, nodeFast)
 	start := clk.Nanotime()
-	clk.ns.Store(start + int64(takeoverAfter)/2)
+	clk.Set(start + int64(takeoverAfter)/2)
 	if !s.dog.check() {
 		t.Error("watchdog: no queue busy")
 	}
@@ -306,7 +301,7 @@ func TestWatchdogTakeover(t *testing.T) {
 	if n := r.unreaped(); n != 1 || q.takenOver.Load() != 0 {
 		t.Fatalf("before the deadline: %d unreaped, %d takeovers", n, q.takenOver.Load())
 	}
-	clk.ns.Store(start + 2*int64(takeoverAfter))
+	clk.Set(start + 2*int64(takeoverAfter))
 	s.dog.check()
 	if q.takenOver.Load() != 1 {
 		t.Fatalf("%d takeovers after the deadline", q.takenOver.Load())
