@@ -178,14 +178,24 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 		// Only for experiments: extra IORING_SETUP_* flags.
 		setup = uint32(v)
 	}
+	pinMode := uring.PinQueueCPU
+	switch os.Getenv("DMFUSE_URING_PIN") {
+	case "none":
+		pinMode = uring.PinNone
+	case "other":
+		pinMode = uring.PinOtherCPU
+	}
+	offload, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_OFFLOAD"))
 	return uring.New(uring.Config{
-		SetupFlags:  setup,
-		Depth:       o.URingDepth,
-		PayloadSize: payload,
-		Poll:        o.Poll,
-		IOContext:   ioCtx,
-		FUAContext:  fuaCtx,
-		Logf:        o.logf,
+		Pin:          pinMode,
+		OffloadBytes: offload,
+		SetupFlags:   setup,
+		Depth:        o.URingDepth,
+		PayloadSize:  payload,
+		Poll:         o.Poll,
+		IOContext:    ioCtx,
+		FUAContext:   fuaCtx,
+		Logf:         o.logf,
 	})
 }
 

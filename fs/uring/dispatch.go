@@ -177,6 +177,18 @@ func (e *entry) prepare() bool {
 	return renew
 }
 
+// size returns the data size of a READ or WRITE request, 0 for other
+// requests.
+func (e *entry) size() int {
+	switch (*fuse.InHeader)(unsafe.Pointer(&e.in[0])).Opcode {
+	case opRead:
+		return int((*fuse.ReadIn)(unsafe.Pointer(&e.in[0])).Size)
+	case opWrite:
+		return int((*fuse.WriteIn)(unsafe.Pointer(&e.in[0])).Size)
+	}
+	return 0
+}
+
 // out returns a zeroed reply struct of size n at the start of the payload.
 func (e *entry) out(n int) unsafe.Pointer {
 	clear(e.payload[:n])

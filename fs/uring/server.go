@@ -62,9 +62,25 @@ type Config struct {
 	// DEFER_TASKRUN, which needs it) cannot work: a queue changes threads
 	// when a request waits, and every leader submits.
 	SetupFlags uint32
+	// Pin is where a queue's leader thread runs: PinQueueCPU (the
+	// default) binds it to the CPU whose requests the queue receives,
+	// PinNone leaves it to the scheduler, PinOtherCPU binds it to the
+	// next CPU.
+	Pin int
+	// OffloadBytes: a READ or WRITE of at least this many bytes runs on
+	// a goroutine of its own instead of the leader's thread, so that the
+	// leader serves the requests behind it meanwhile (0: never).
+	OffloadBytes int
 	// Logf reports problems; nil discards them.
 	Logf func(format string, args ...any)
 }
+
+// Where a queue's leader runs (Config.Pin).
+const (
+	PinQueueCPU = iota
+	PinNone
+	PinOtherCPU
+)
 
 // Server serves one FUSE connection's requests through io_uring queues, one
 // per possible CPU. Create it before the connection's FUSE_INIT (so that a
@@ -305,6 +321,10 @@ type Stats struct {
 	// Threads is the number of threads the queues have (leaders and
 	// standby); each waiting request holds one.
 	Threads int
+	// Requests counts the requests each queue received; Offloaded those
+	// run off the leader because of their size (Config.OffloadBytes).
+	Requests  []uint64
+	Offloaded uint64
 }
 
 // Stats returns the hand-off counts so far.
@@ -314,6 +334,8 @@ func (s *Server) Stats() Stats {
 		st.Waiting += q.hinted.Load()
 		st.Watchdog += q.takenOver.Load()
 		st.Parked += q.parked.Load()
+		st.Offloaded += q.offloaded.Load()
+		st.Requests = append(st.Requests, q.requests.Load())
 		q.mu.Lock()
 		st.Threads += q.threads
 		q.mu.Unlock()
