@@ -185,7 +185,7 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 	case "other":
 		pinMode = uring.PinOtherCPU
 	}
-	offload, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_OFFLOAD"))
+	offload, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_OFFLOAD")) // 0: the default, -1: never
 	return uring.New(uring.Config{
 		Pin:          pinMode,
 		OffloadBytes: offload,

@@ -108,6 +108,8 @@ type entry struct {
 	in [32]uint64
 
 	next *entry // in the queue's list of finished entries
+
+	offload func() // runOffloaded, bound once so that go e.offload() allocates nothing
 }
 
 // Interrupt states of entry.run, above any unique id the kernel hands out.

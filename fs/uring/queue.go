@@ -303,9 +303,11 @@ func (q *queue) handle(e *entry) bool {
 	e.hinted = false
 	q.requests.Add(1)
 	if q.s.cfg.OffloadBytes > 0 && e.size() >= q.s.cfg.OffloadBytes {
+		// A large READ or WRITE is mostly a copy: run it on another
+		// thread (another CPU), so that the queue goes on meanwhile.
 		e.seq = 0
 		q.offloaded.Add(1)
-		go q.async(e, nil)
+		go e.offload()
 		return false
 	}
 	if w := &q.s.waits[e.nodeID%uint64(len(q.s.waits))]; w.Load() {
@@ -333,7 +335,8 @@ func (q *queue) handle(e *entry) bool {
 }
 
 // async runs a parked request; a request of the node that completes
-// without waiting brings the node's requests back inline.
+// without waiting brings the node's requests back inline. w is nil for an
+// offloaded request.
 func (q *queue) async(e *entry, w *atomic.Bool) {
 	e.dispatch(q.s.fs)
 	e.ended()
@@ -342,6 +345,10 @@ func (q *queue) async(e *entry, w *atomic.Bool) {
 	}
 	q.finished(e)
 }
+
+// runOffloaded runs e's request off the leader's thread (a large READ or
+// WRITE, see Config.OffloadBytes) and hands its reply to the leader.
+func (e *entry) runOffloaded() { e.q.async(e, nil) }
 
 // giveUp hands the queue to another thread if the request with sequence
 // number seq is the leader's inline request, and reports whether it was.

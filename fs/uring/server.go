@@ -26,6 +26,9 @@ const (
 	// DefaultPollWindow is how long a queue polls for its next request in
 	// adaptive polling (Config.Poll 0).
 	DefaultPollWindow = 50 * time.Microsecond
+	// DefaultOffloadBytes is the smallest READ or WRITE that runs off
+	// the queue's thread (Config.OffloadBytes).
+	DefaultOffloadBytes = 64 << 10
 	// takeoverAfter is how long a request may hold a queue's thread,
 	// without saying it waits, before the watchdog hands the queue to
 	// another thread.
@@ -69,7 +72,8 @@ type Config struct {
 	Pin int
 	// OffloadBytes: a READ or WRITE of at least this many bytes runs on
 	// a goroutine of its own instead of the leader's thread, so that the
-	// leader serves the requests behind it meanwhile (0: never).
+	// leader serves the requests behind it meanwhile and another CPU
+	// copies the data (DefaultOffloadBytes if 0; negative: never).
 	OffloadBytes int
 	// Logf reports problems; nil discards them.
 	Logf func(format string, args ...any)
@@ -192,6 +196,9 @@ func bufSize(cfg Config) int {
 func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.OffloadBytes == 0 {
+		cfg.OffloadBytes = DefaultOffloadBytes
 	}
 	if cfg.IOContext == nil {
 		cfg.IOContext = context.Background()
@@ -406,6 +413,7 @@ func (s *Server) newEntries(q *queue, mem []byte) []entry {
 		e.cancel = make(chan struct{})
 		e.ioCtx = stack.WithWaiter(s.cfg.IOContext, e)
 		e.fuaCtx = stack.WithWaiter(s.cfg.FUAContext, e)
+		e.offload = e.runOffloaded
 	}
 	return ents
 }
