@@ -186,7 +186,9 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 		pinMode = uring.PinOtherCPU
 	}
 	offload, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_OFFLOAD")) // 0: the default, -1: never
+	batch, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_BATCH"))
 	return uring.New(uring.Config{
+		SubmitBatch:  batch,
 		Pin:          pinMode,
 		OffloadBytes: offload,
 		SetupFlags:   setup,

@@ -240,7 +240,7 @@ func (q *queue) lead() bool {
 			if q.handle(e) {
 				return true
 			}
-			if q.r.queued() >= 16 {
+			if q.r.queued() >= q.s.cfg.SubmitBatch {
 				q.r.submit()
 			}
 			continue

@@ -26,6 +26,8 @@ const (
 	// DefaultPollWindow is how long a queue polls for its next request in
 	// adaptive polling (Config.Poll 0).
 	DefaultPollWindow = 50 * time.Microsecond
+	// DefaultSubmitBatch is Config.SubmitBatch's default.
+	DefaultSubmitBatch = 16
 	// DefaultOffloadBytes is the smallest READ or WRITE that runs off
 	// the queue's thread (Config.OffloadBytes).
 	DefaultOffloadBytes = 64 << 10
@@ -75,6 +77,10 @@ type Config struct {
 	// leader serves the requests behind it meanwhile and another CPU
 	// copies the data (DefaultOffloadBytes if 0; negative: never).
 	OffloadBytes int
+	// SubmitBatch is how many replies a leader queues before it submits
+	// them while requests are still waiting (DefaultSubmitBatch if 0);
+	// it submits what it has whenever it runs dry.
+	SubmitBatch int
 	// Logf reports problems; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -196,6 +202,9 @@ func bufSize(cfg Config) int {
 func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.SubmitBatch <= 0 {
+		cfg.SubmitBatch = DefaultSubmitBatch
 	}
 	if cfg.OffloadBytes == 0 {
 		cfg.OffloadBytes = DefaultOffloadBytes
