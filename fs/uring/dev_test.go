@@ -8,13 +8,11 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
-
-	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
-// forgetFS is waitFS that records FORGETs.
+// forgetFS records FORGETs.
 type forgetFS struct {
-	*waitFS
+	fuse.RawFileSystem
 	mu      sync.Mutex
 	forgets map[uint64]uint64
 }
@@ -40,22 +38,11 @@ func devMsg(op uint32, unique, node uint64, arg ...uint64) []byte {
 // that comes before its request started ends it as it starts, another
 // request is answered EIO, and the end of the connection ends ServeDev.
 func TestServeDev(t *testing.T) {
-	cfg := Config{Depth: 2, PayloadSize: 8192, Poll: PollOff}
-	clk := &stacktest.ManualClock{}
-	clk.Set(1)
-	cfg.Clock = clk
-	r := newFakeRing()
-	s := newServer(cfg, []ring{r}, [][]byte{make([]byte, bufSize(cfg))})
-	wfs := &waitFS{srv: s, started: make(chan uint64, 16), release: make(chan struct{})}
-	fs := &forgetFS{waitFS: wfs, forgets: map[uint64]uint64{}}
-	if err := s.start(fs); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		close(wfs.release)
-		s.Close()
-		s.Wait()
-	})
+	s, r, wfs, _ := newFakeServer(t, 2)
+	// waitFS passes what it does not serve itself on to the file system
+	// it embeds.
+	fs := &forgetFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), forgets: map[uint64]uint64{}}
+	wfs.RawFileSystem = fs
 	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +126,7 @@ func TestServeDev(t *testing.T) {
 // TestEarlyInterruptExpires: an interrupt whose request never starts (it
 // had ended) is forgotten after earlyTTL, so dispatch stops looking.
 func TestEarlyInterruptExpires(t *testing.T) {
-	s, r, wfs, clk := newFakeServer(t, 1)
+	s, r, _, clk := newFakeServer(t, 1)
 	s.interruptSoon(500)
 	if s.nEarly.Load() != 1 {
 		t.Fatalf("%d early interrupts", s.nEarly.Load())
@@ -152,7 +139,6 @@ func TestEarlyInterruptExpires(t *testing.T) {
 	if s.nEarly.Load() != 0 || s.Stats().Interrupts != 0 {
 		t.Errorf("%d early interrupts, %d interrupts", s.nEarly.Load(), s.Stats().Interrupts)
 	}
-	_ = wfs
 }
 
 // TestInterruptibleContext: with Config.Interruptible the request's context
