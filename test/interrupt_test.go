@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,30 +22,40 @@ import (
 // and a plain one (linear) that tests suspend.
 const interruptConf = "slow,,,rw,0 16384 delay ./a.img 0 60000;lin,,,rw,0 16384 linear ./b.img 0;"
 
-// interruptTransports runs f once per transport: /dev/fuse always, io_uring
-// when the kernel offers it (requireURing decides).
-func interruptTransports(t *testing.T, f func(t *testing.T, transport string)) {
+// interruptTransports runs f once per transport with the daemon arguments
+// it needs: /dev/fuse always, io_uring when the kernel offers it, or, under
+// DMFUSE_REQUIRE_FUSE=1, after the daemon switched enable_uring on.
+func interruptTransports(t *testing.T, f func(t *testing.T, args []string)) {
 	for _, tr := range []string{"dev", "uring"} {
 		t.Run(tr, func(t *testing.T) {
+			requireFUSE(t)
+			args := []string{"--transport", tr}
 			if tr == "uring" {
-				requireURing(t)
-			} else {
-				requireFUSE(t)
+				b, err := os.ReadFile(uringParam)
+				switch {
+				case err == nil && strings.TrimSpace(string(b)) == "Y":
+				case os.Getenv("DMFUSE_REQUIRE_FUSE") == "1":
+					args = append(args, "--enable-uring")
+				default:
+					t.Skipf("FUSE over io_uring is not switched on (%s)", uringParam)
+				}
 			}
-			f(t, tr)
+			f(t, args)
 		})
 	}
 }
 
-// startInterruptDaemon mounts interruptConf on transport with its metrics
-// served, and returns the daemon and its metrics address.
-func startInterruptDaemon(t *testing.T, transport string, extra ...string) (*daemon, string) {
+// startInterruptDaemon mounts interruptConf with its metrics served and the
+// given arguments, and returns the daemon and its metrics address.
+func startInterruptDaemon(t *testing.T, extra ...string) (*daemon, string) {
 	t.Helper()
 	dir := t.TempDir()
 	sparseFile(t, filepath.Join(dir, "a.img"), 8<<20)
 	sparseFile(t, filepath.Join(dir, "b.img"), 8<<20)
-	args := append([]string{"--transport", transport, "--metrics-addr", "127.0.0.1:0"}, extra...)
-	d := startDaemon(t, dir, interruptConf, args...)
+	d := startDaemon(t, dir, interruptConf, append([]string{"--metrics-addr", "127.0.0.1:0"}, extra...)...)
+	if slices.Contains(extra, "uring") {
+		mustLog(t, d, "transport io_uring")
+	}
 	m := regexp.MustCompile(`dmfuse: metrics on (http://\S+/metrics)\n`).FindStringSubmatch(d.stderr.String())
 	if m == nil {
 		t.Fatalf("no metrics address in the log: %s", d.stderr)
@@ -167,8 +178,9 @@ func checkSlowWorks(t *testing.T, d *daemon) {
 // the request out of the delay queue; the daemon and the device work on.
 // The same on both transports.
 func TestInterruptDelayedRead(t *testing.T) {
-	interruptTransports(t, func(t *testing.T, tr string) {
-		d, url := startInterruptDaemon(t, tr, "--interruptible")
+	interruptTransports(t, func(t *testing.T, args []string) {
+		tr := args[1]
+		d, url := startInterruptDaemon(t, append(args, "--interruptible")...)
 		tid, done := heldRead(t, d.path("slow"))
 		waitQueued(t, d, 1, done)
 		if r := signalUntilDone(t, tid, done); r.err != syscall.EINTR {
@@ -190,8 +202,9 @@ func TestInterruptDelayedRead(t *testing.T) {
 // kernel drops an interrupt that comes before it sent the request to a
 // ring.
 func TestInterruptSuspendedRead(t *testing.T) {
-	interruptTransports(t, func(t *testing.T, tr string) {
-		d, url := startInterruptDaemon(t, tr, "--interruptible")
+	interruptTransports(t, func(t *testing.T, args []string) {
+		tr := args[1]
+		d, url := startInterruptDaemon(t, append(args, "--interruptible")...)
 		held := func() float64 {
 			return metric(t, url, `dmfuse_uring_handoffs_total{cause="waiting"}`) + metric(t, url, "dmfuse_uring_parked_total")
 		}
@@ -221,8 +234,9 @@ func TestInterruptSuspendedRead(t *testing.T) {
 // and returns its data once released. On io_uring the interrupt is seen
 // reaching the request first.
 func TestHeldReadWaitsThroughSignals(t *testing.T) {
-	interruptTransports(t, func(t *testing.T, tr string) {
-		d, url := startInterruptDaemon(t, tr)
+	interruptTransports(t, func(t *testing.T, args []string) {
+		tr := args[1]
+		d, url := startInterruptDaemon(t, args...)
 		tid, done := heldRead(t, d.path("slow"))
 		waitQueued(t, d, 1, done)
 		for i := 0; tr == "uring" && metric(t, url, "dmfuse_uring_interrupts_total") == 0; i++ {
@@ -260,8 +274,8 @@ func TestKillHeldReader(t *testing.T) {
 			name, extra = "interruptible", []string{"--interruptible"}
 		}
 		t.Run(name, func(t *testing.T) {
-			interruptTransports(t, func(t *testing.T, tr string) {
-				d, _ := startInterruptDaemon(t, tr, extra...)
+			interruptTransports(t, func(t *testing.T, args []string) {
+				d, _ := startInterruptDaemon(t, append(args, extra...)...)
 				dd := exec.Command("dd", "if="+d.path("slow"), "of=/dev/null", "bs=4096", "count=1", "iflag=direct")
 				if err := dd.Start(); err != nil {
 					t.Fatal(err)
