@@ -61,6 +61,7 @@ type Config struct {
 	// the kernel interrupts their request (Interrupt): a request that waits
 	// in the stack then ends with the context's error. Without it they
 	// never end, and an interrupt only closes the request's cancel channel.
+	// IOContext and FUAContext must then be contexts that never end.
 	Interruptible bool
 	// SetupFlags are io_uring setup flags (IORING_SETUP_*) added to the
 	// rings' for experiments. IORING_SETUP_SINGLE_ISSUER (and so
@@ -467,7 +468,8 @@ func (s *Server) renew(e *entry) {
 }
 
 // interruptible is a request's context under Config.Interruptible: its
-// parent's values, done when the request's cancel channel closes.
+// parent's values, done when the request's cancel channel closes. The
+// parent (Config.IOContext or FUAContext) is one that never ends.
 type interruptible struct {
 	context.Context
 	e *entry
@@ -480,7 +482,7 @@ func (c *interruptible) Err() error {
 	case <-c.e.cancel:
 		return context.Canceled
 	default:
-		return c.Context.Err()
+		return nil
 	}
 }
 
