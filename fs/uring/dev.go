@@ -30,8 +30,10 @@ const (
 // there while the rings serve) is answered EIO.
 //
 // ServeDev reads fd, the connection's /dev/fuse descriptor, which it does
-// not close, until the connection ends: it returns nil on ENODEV (after an
-// unmount) or ECONNABORTED (after an abort), or the error that stopped it.
+// not close, until the connection ends: then, as go-fuse's loop does, it
+// interrupts every request still running (nobody waits for their answers)
+// and returns nil (on ENODEV after an unmount, ECONNABORTED after an
+// abort); on another error it returns the error.
 func (s *Server) ServeDev(fd int) error {
 	// The kernel refuses reads smaller than the largest request
 	// (fs/fuse/dev.c: fuse_dev_do_read), though only headers arrive here:
@@ -50,6 +52,7 @@ func (s *Server) ServeDev(fd int) error {
 			// ENOENT: the request went away while the kernel copied it.
 			continue
 		case errors.Is(err, unix.ENODEV), errors.Is(err, unix.ECONNABORTED), err == nil && k == 0:
+			s.interruptAll()
 			return nil
 		case err != nil:
 			return fmt.Errorf("reading /dev/fuse: %w", err)
@@ -60,6 +63,18 @@ func (s *Server) ServeDev(fd int) error {
 		if !s.devRequest(fd, buf[:k]) && !other {
 			other = true
 			s.cfg.Logf("io_uring: /dev/fuse request with opcode %d answered EIO", (*fuse.InHeader)(unsafe.Pointer(&buf[0])).Opcode)
+		}
+	}
+}
+
+// interruptAll interrupts every ring request still running.
+func (s *Server) interruptAll() {
+	for _, q := range s.queues {
+		for i := range q.ent {
+			e := &q.ent[i]
+			if u := e.run.Load(); u != 0 && u&(runClosing|runClosed) == 0 && e.interrupt(u) {
+				s.interrupts.Add(1)
+			}
 		}
 	}
 }

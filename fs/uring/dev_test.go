@@ -36,7 +36,8 @@ func devMsg(op uint32, unique, node uint64, arg ...uint64) []byte {
 // TestServeDev plays /dev/fuse with a socket pair: FORGET and BATCH_FORGET
 // reach the file system, an INTERRUPT ends the ring request it names, one
 // that comes before its request started ends it as it starts, another
-// request is answered EIO, and the end of the connection ends ServeDev.
+// request is answered EIO, and the end of the connection ends ServeDev and
+// interrupts the request still running.
 func TestServeDev(t *testing.T) {
 	s, r, wfs, _ := newFakeServer(t, 2)
 	// waitFS passes what it does not serve itself on to the file system
@@ -117,9 +118,15 @@ func TestServeDev(t *testing.T) {
 		t.Errorf("reply %+v", o)
 	}
 
+	// The end of the connection interrupts what still runs.
+	r.read(104, nodeCancel)
+	<-wfs.started
 	unix.Close(kernel)
 	if err := <-served; err != nil {
 		t.Errorf("ServeDev: %v", err)
+	}
+	if p := r.reply(t); p.unique != 104 || p.status != -int32(unix.EINTR) {
+		t.Errorf("reply of the request running at the end %+v", p)
 	}
 }
 
