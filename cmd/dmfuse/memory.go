@@ -140,6 +140,7 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 	set.NewGauge(`dmfuse_uring_handoffs_total{cause="watchdog"}`, func() float64 { return float64(srv.URingStats().Watchdog) })
 	set.NewGauge("dmfuse_uring_parked_total", func() float64 { return float64(srv.URingStats().Parked) })
 	set.NewGauge("dmfuse_uring_threads", func() float64 { return float64(srv.URingStats().Threads) })
+	set.NewGauge("dmfuse_uring_interrupts_total", func() float64 { return float64(srv.URingStats().Interrupts) })
 	metrics.RegisterSet(set)
 	return set
 }
