@@ -48,7 +48,7 @@ func benchNode(b *testing.B, table string) *devNode {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return &devNode{dev: d}
+	return &devNode{dev: d, root: &root{mgr: m}}
 }
 
 // BenchmarkDevNode measures a 4 KiB read or write through a device file's

@@ -89,6 +89,13 @@ type Options struct {
 	// the queue runs dry, while its polls find requests), PollOff never
 	// polls, a positive value polls up to that long every time.
 	Poll time.Duration
+	// Interruptible lets a signal end I/O that the devices hold (a
+	// suspended device, a delay, multipath queueing without a path) with
+	// EINTR, on either transport: the kernel sends FUSE_INTERRUPT for a
+	// request whose caller has a signal pending. Without it (the default)
+	// held I/O waits through signals, as on a dm device. I/O that has
+	// reached the backing store is never cut short.
+	Interruptible bool
 	// Logf receives the transport's log lines (nil: standard error).
 	Logf func(format string, args ...any)
 }
@@ -148,7 +155,7 @@ func MountOptions(o Options) fuse.MountOptions {
 // Mount mounts the devices of m on dir and returns the running server. The
 // caller waits with server.Wait and unmounts with server.Unmount.
 func Mount(dir string, m *stack.Manager, o Options) (*Server, error) {
-	r := &root{mgr: m}
+	r := &root{mgr: m, interruptible: o.Interruptible}
 	t := ttl
 	opts := &gofs.Options{
 		EntryTimeout: &t,
@@ -184,6 +191,8 @@ type root struct {
 	gofs.Inode
 	mgr  *stack.Manager
 	ring atomic.Pointer[uring.Server] // the io_uring transport, once it serves
+
+	interruptible bool // Options.Interruptible
 }
 
 var (
@@ -379,13 +388,16 @@ func (n *devNode) Fsync(ctx context.Context, _ gofs.FileHandle, _ uint32) syscal
 	return errno(n.dev.Flush(n.ioContext(ctx)))
 }
 
-// ioCtx is the context of device I/O. It is never cancelled: like I/O on a
-// dm device, I/O that a suspend, a delay or queue_if_no_path holds is not
-// ended by a signal to the process that issued it. (The kernel sends FUSE an
-// INTERRUPT for any signal, including the Go runtime's preemption signals,
-// and failing held I/O with EINTR would surface as errors in programs that
-// do not retry.) A fatal signal aborts the request in the kernel; the
-// daemon's answer, when it comes, is dropped.
+// ioCtx is the context of device I/O unless Options.Interruptible is set.
+// It is never cancelled: like I/O on a dm device, I/O that a suspend, a
+// delay or queue_if_no_path holds is not ended by a signal to the process
+// that issued it. (The kernel sends FUSE an INTERRUPT for any signal the
+// caller handles, including the Go runtime's preemption signals, and the
+// EINTR a cancelled request returns reaches the caller even when its
+// handler has SA_RESTART, which programs that do not retry see as an
+// error.) A fatal signal does not end such a request either: the kernel
+// waits for the daemon's answer, as the kernel waits for a dm device's
+// held bio, and the process exits once the I/O completes.
 var ioCtx = context.Background()
 
 // fuaCtx is ioCtx with the FUA mark (stack.WithFUA).
@@ -395,7 +407,10 @@ var fuaCtx = stack.WithFUA(ioCtx)
 // go-fuse context is ctx: ioCtx, or fuaCtx for a write rawFS marked. On the
 // io_uring transport it is the ring entry's copy of one of them, which also
 // carries the request's stack.Waiter (the io_uring transport marks durable
-// writes itself).
+// writes itself) and, with Options.Interruptible, ends when the request is
+// interrupted. On /dev/fuse with Options.Interruptible it is go-fuse's
+// context, which ends when the request is interrupted, except for writes
+// rawFS marked durable (their cancel channel stands for the mark).
 func (n *devNode) ioContext(ctx context.Context) context.Context {
 	fc, ok := ctx.(*fuse.Context)
 	if !ok {
@@ -409,6 +424,9 @@ func (n *devNode) ioContext(ctx context.Context) context.Context {
 			return c
 		}
 	}
+	if n.root.interruptible {
+		return fc
+	}
 	return ioCtx
 }
 
@@ -418,7 +436,8 @@ func (n *devNode) ioContext(ctx context.Context) context.Context {
 // fuse_write_in.flags, and the kernel sends no FSYNC after an O_DSYNC write
 // to a FOPEN_DIRECT_IO file (fs/fuse/file.c: fuse_direct_write_iter): the
 // flag is the only sign that the write must be durable. Nothing closes
-// fuaCancel; device I/O ignores cancellation anyway (ioCtx).
+// fuaCancel, so such a write on /dev/fuse is not interrupted even under
+// Options.Interruptible.
 var fuaCancel <-chan struct{} = make(chan struct{})
 
 // rawFS is go-fuse's bridge with WRITE requests looked at first: those whose
@@ -445,7 +464,8 @@ func markFUA(cancel <-chan struct{}, in *fuse.WriteIn) <-chan struct{} {
 }
 
 // errno turns a device error into the errno the caller sees: the Errno it
-// carries, else EIO.
+// carries, EINTR for I/O that an interrupt ended (Options.Interruptible),
+// else EIO.
 func errno(err error) syscall.Errno {
 	if err == nil {
 		return 0
@@ -453,6 +473,9 @@ func errno(err error) syscall.Errno {
 	var e syscall.Errno
 	if errors.As(err, &e) {
 		return e
+	}
+	if errors.Is(err, context.Canceled) {
+		return syscall.EINTR
 	}
 	return syscall.EIO
 }

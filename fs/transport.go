@@ -29,8 +29,9 @@ const (
 )
 
 // Server is a mounted dmfuse file system. It embeds the go-fuse server
-// (which also keeps serving /dev/fuse: FUSE_INIT, FORGET, INTERRUPT and
-// notifications) and, on the io_uring transport, the ring server.
+// (which answers FUSE_INIT and writes notifications; on /dev/fuse it serves
+// every request) and, on the io_uring transport, the ring server, which
+// then also reads /dev/fuse for FORGET and INTERRUPT (uring.Server.ServeDev).
 type Server struct {
 	*fuse.Server
 
@@ -188,22 +189,24 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 	offload, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_OFFLOAD")) // 0: the default, -1: never
 	batch, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_BATCH"))
 	return uring.New(uring.Config{
-		SubmitBatch:  batch,
-		Pin:          pinMode,
-		OffloadBytes: offload,
-		SetupFlags:   setup,
-		Depth:        o.URingDepth,
-		PayloadSize:  payload,
-		Poll:         o.Poll,
-		IOContext:    ioCtx,
-		FUAContext:   fuaCtx,
-		Logf:         o.logf,
+		Interruptible: o.Interruptible,
+		SubmitBatch:   batch,
+		Pin:           pinMode,
+		OffloadBytes:  offload,
+		SetupFlags:    setup,
+		Depth:         o.URingDepth,
+		PayloadSize:   payload,
+		Poll:          o.Poll,
+		IOContext:     ioCtx,
+		FUAContext:    fuaCtx,
+		Logf:          o.logf,
 	})
 }
 
 // mountURing mounts with a /dev/fuse descriptor of its own, lets go-fuse
 // answer FUSE_INIT on it (asking for FUSE_OVER_IO_URING), then registers the
-// rings on the same connection.
+// rings on the same connection and reads /dev/fuse with ServeDev; if the
+// rings cannot serve, go-fuse's loop serves /dev/fuse.
 func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Options, rs *uring.Server) (*Server, error) {
 	mo := opts.MountOptions
 	mo.DirectMount, mo.DirectMountStrict = false, false
@@ -217,22 +220,24 @@ func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Optio
 	nopts.MountOptions = mo
 	nodes := gofs.NewNodeFS(root, &nopts)
 	raw := rawFS{nodes}
-	// NewServer answers FUSE_INIT before it returns.
+	// NewServer answers FUSE_INIT before it returns. Nothing else reaches
+	// /dev/fuse before a loop reads it.
 	srv, err := fuse.NewServer(raw, fmt.Sprintf("/dev/fd/%d", fd), &mo)
 	if err != nil {
 		rs.Close()
 		unix.Unmount(dir, unix.MNT_DETACH)
 		return nil, err
 	}
-	go srv.Serve()
 	if err := srv.WaitMount(); err != nil {
 		rs.Close()
 		unix.Unmount(dir, unix.MNT_DETACH)
+		go srv.Serve() // finds the connection ended and closes the descriptor
 		return nil, err
 	}
 	s := &Server{Server: srv, dir: dir, byFD: true, transport: TransportDev}
 	if srv.KernelSettings().Flags64()&fuse.CAP_OVER_IO_URING == 0 {
 		rs.Close()
+		go srv.Serve()
 		o.logf("transport /dev/fuse: the kernel did not offer io_uring in FUSE_INIT")
 		return s, nil
 	}
@@ -240,9 +245,20 @@ func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Optio
 	// rawFS, which would hide the request's cancel channel.
 	if err := rs.Start(fd, nodes); err != nil {
 		// A refused registration makes the kernel fall back to /dev/fuse.
+		go srv.Serve()
 		o.logf("transport /dev/fuse: io_uring registration failed, falling back: %v", err)
 		return s, nil
 	}
+	// /dev/fuse now carries only FORGET and INTERRUPT: ServeDev reads it
+	// instead of go-fuse's loop, which would lose the interrupts of ring
+	// requests. Once the connection ends, go-fuse's loop finds it ended,
+	// closes the descriptor and calls OnUnmount.
+	go func() {
+		if err := rs.ServeDev(fd); err != nil {
+			o.logf("io_uring: %v", err)
+		}
+		srv.Serve()
+	}()
 	s.ring, s.transport = rs, TransportURing
 	depth := o.URingDepth
 	if depth <= 0 {

@@ -142,6 +142,7 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 	set.NewGauge(`dmfuse_uring_handoffs_total{cause="watchdog"}`, func() float64 { return float64(srv.URingStats().Watchdog) })
 	set.NewGauge("dmfuse_uring_parked_total", func() float64 { return float64(srv.URingStats().Parked) })
 	set.NewGauge("dmfuse_uring_threads", func() float64 { return float64(srv.URingStats().Threads) })
+	set.NewGauge("dmfuse_uring_interrupts_total", func() float64 { return float64(srv.URingStats().Interrupts) })
 	set.NewGauge("dmfuse_uring_offloaded_total", func() float64 { return float64(srv.URingStats().Offloaded) })
 	for q := range p.URingQueues {
 		set.NewGauge(fmt.Sprintf(`dmfuse_uring_requests_total{queue="%d"}`, q), func() float64 {

@@ -38,10 +38,11 @@ type MountCmd struct {
 	AllowOther  bool   `help:"Let other users use the device files."`
 	Debug       bool   `help:"Log every FUSE request." hidden:""`
 
-	Transport   string `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
-	EnableURing bool   `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
-	Poll        string `help:"How each io_uring queue waits for its next request: auto polls up to 50us each time a queue runs dry, while its polls find requests (an idle daemon burns no CPU); 0 never polls; a duration (50us) polls up to that long every time." default:"auto" placeholder:"auto|0|DURATION"`
-	URingDepth  int    `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 32)." default:"0"`
+	Transport     string `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
+	EnableURing   bool   `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
+	Poll          string `help:"How each io_uring queue waits for its next request: auto polls up to 50us each time a queue runs dry, while its polls find requests (an idle daemon burns no CPU); 0 never polls; a duration (50us) polls up to that long every time." default:"auto" placeholder:"auto|0|DURATION"`
+	Interruptible bool   `help:"Let a signal end I/O a device holds (suspended, delayed, queued without a path) with EINTR; by default held I/O waits through signals, as on a dm device."`
+	URingDepth    int    `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 32)." default:"0"`
 
 	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
 }
@@ -152,7 +153,7 @@ func (c *MountCmd) Run(g *Globals) error {
 		return err
 	}
 	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
-		Transport: c.Transport, EnableURing: c.EnableURing, Poll: poll, URingDepth: c.URingDepth,
+		Transport: c.Transport, EnableURing: c.EnableURing, Poll: poll, URingDepth: c.URingDepth, Interruptible: c.Interruptible,
 		MemoryLimit: limit, ReleaseAfter: releaseAfter})
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)

@@ -215,6 +215,9 @@ func (e *entry) dispatch(fs fuse.RawFileSystem) {
 	h := (*fuse.InHeader)(unsafe.Pointer(&e.in[0]))
 	op := h.Opcode
 	e.run.Store(h.Unique)
+	if q := e.q; q != nil && q.s.nEarly.Load() != 0 {
+		q.s.claimEarly(e, h.Unique) // interrupted before it started
+	}
 	var cancel <-chan struct{} = e.cancel
 	psz := int(*(*uint32)(unsafe.Pointer(&e.hdr[hdrPayloadSz])))
 	psz = min(psz, len(e.payload))

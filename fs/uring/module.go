@@ -6,8 +6,16 @@
 // with Depth registered entries (a header buffer and a payload buffer each),
 // served by a thread locked to the queue's CPU. FUSE_INIT, FORGET,
 // BATCH_FORGET and INTERRUPT still arrive on /dev/fuse, and notifications are
-// written there: the /dev/fuse reader of go-fuse keeps doing that, and this
-// package answers everything else by calling the same fuse.RawFileSystem.
+// written there. go-fuse answers FUSE_INIT and writes notifications; once the
+// rings serve, Server.ServeDev reads /dev/fuse in place of go-fuse's loop:
+// it passes FORGETs to the same fuse.RawFileSystem that answers every other
+// request, and routes each INTERRUPT to the ring request it names, closing
+// that request's cancel channel (go-fuse's loop knows only its own requests
+// and would lose it). An interrupt that overtakes its request (the queue had
+// not reaped it yet) is kept until the request starts. With
+// Config.Interruptible the request's context (Server.Context) ends too, so a
+// request waiting in the stack stops waiting; otherwise only the channel
+// closes.
 //
 // A queue's thread answers a request inline, which is the fast path: one
 // io_uring_enter both commits the previous reply and waits for the next
@@ -25,7 +33,8 @@
 //
 // Files: ring.go (the ring interface and the kernel's ring), queue.go (a
 // queue, its thread hand-off and its polling), watchdog.go, dispatch.go (an
-// entry and the requests it serves), server.go (the Server).
+// entry and the requests it serves), server.go (the Server, its contexts and
+// interrupts), dev.go (the /dev/fuse side).
 package uring
 
 import (

@@ -62,6 +62,12 @@ type Config struct {
 	// request's context from: IOContext for every request, FUAContext for
 	// WRITEs with O_DSYNC (nil: context.Background()).
 	IOContext, FUAContext context.Context
+	// Interruptible makes the contexts Server.Context returns end when
+	// the kernel interrupts their request (Interrupt): a request that waits
+	// in the stack then ends with the context's error. Without it they
+	// never end, and an interrupt only closes the request's cancel channel.
+	// IOContext and FUAContext must then be contexts that never end.
+	Interruptible bool
 	// SetupFlags are io_uring setup flags (IORING_SETUP_*) added to the
 	// rings' for experiments. IORING_SETUP_SINGLE_ISSUER (and so
 	// DEFER_TASKRUN, which needs it) cannot work: a queue changes threads
@@ -114,6 +120,16 @@ type Server struct {
 	// their requests run on goroutines of their own, off the queue's
 	// thread, until one completes without waiting.
 	waits [1024]atomic.Bool
+
+	// early holds interrupts for requests that no thread had started when
+	// the interrupt came (the kernel posts a request to the ring before it
+	// can send an interrupt for it, but a queue may not have reaped it
+	// yet): dispatch claims them. nEarly is their number, so that dispatch
+	// looks only when there are some.
+	early  [earlyInterrupts]earlyInterrupt
+	nEarly atomic.Int32
+	// interrupts counts the interrupts that reached a request.
+	interrupts atomic.Uint64
 
 	wg   sync.WaitGroup // queue threads
 	dog  *watchdog
@@ -341,11 +357,14 @@ type Stats struct {
 	// run off the leader because of their size (Config.OffloadBytes).
 	Requests  []uint64
 	Offloaded uint64
+	// Interrupts counts FUSE_INTERRUPTs that reached a ring request
+	// (Interrupt closed its cancel channel).
+	Interrupts uint64
 }
 
 // Stats returns the hand-off counts so far.
 func (s *Server) Stats() Stats {
-	var st Stats
+	st := Stats{Interrupts: s.interrupts.Load()}
 	for _, q := range s.queues {
 		st.Waiting += q.hinted.Load()
 		st.Watchdog += q.takenOver.Load()
@@ -382,11 +401,92 @@ func (s *Server) Interrupt(unique uint64) bool {
 	for _, q := range s.queues {
 		for i := range q.ent {
 			if q.ent[i].interrupt(unique) {
+				s.interrupts.Add(1)
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// earlyInterrupts bounds the interrupts kept for requests not started yet;
+// earlyTTL is how long one is kept (one whose request had already ended is
+// never claimed).
+const (
+	earlyInterrupts = 16
+	earlyTTL        = int64(time.Second)
+)
+
+// earlyInterrupt is an interrupt that found no running request.
+type earlyInterrupt struct {
+	unique uint64
+	at     int64 // clock time it came, 0 for a free slot
+}
+
+// interruptSoon is Interrupt for an interrupt that may come before a queue
+// has started its request: the kernel cannot send it again (it looks for
+// the request on /dev/fuse, where ring requests are not), so an interrupt
+// that finds no request is kept for a while and dispatch claims it.
+func (s *Server) interruptSoon(unique uint64) {
+	if unique == 0 || s.Interrupt(unique) {
+		return
+	}
+	s.mu.Lock()
+	now := s.clock.Nanotime()
+	slot := 0
+	for i := range s.early {
+		if s.early[i].at < s.early[slot].at {
+			slot = i
+		}
+	}
+	if s.early[slot].at == 0 {
+		s.nEarly.Add(1)
+	}
+	s.early[slot] = earlyInterrupt{unique, now}
+	s.expireEarly(now)
+	s.mu.Unlock()
+	// A request dispatched between the search above and nEarly's increase
+	// did not look at early: search once more.
+	if s.Interrupt(unique) {
+		s.mu.Lock()
+		s.dropEarly(unique)
+		s.mu.Unlock()
+	}
+}
+
+// claimEarly interrupts e's request, which has just started with the given
+// unique id, if an interrupt for it came before.
+func (s *Server) claimEarly(e *entry, unique uint64) {
+	s.mu.Lock()
+	found := s.dropEarly(unique)
+	s.expireEarly(s.clock.Nanotime())
+	s.mu.Unlock()
+	if found && e.interrupt(unique) {
+		s.interrupts.Add(1)
+	}
+}
+
+// dropEarly forgets the early interrupt for unique, under s.mu, and reports
+// whether there was one.
+func (s *Server) dropEarly(unique uint64) bool {
+	for i := range s.early {
+		if s.early[i].at != 0 && s.early[i].unique == unique {
+			s.early[i] = earlyInterrupt{}
+			s.nEarly.Add(-1)
+			return true
+		}
+	}
+	return false
+}
+
+// expireEarly forgets early interrupts older than earlyTTL, under s.mu.
+func (s *Server) expireEarly(now int64) {
+	for i := range s.early {
+		if at := s.early[i].at; at != 0 && now-at > earlyTTL {
+			s.early[i] = earlyInterrupt{}
+			s.nEarly.Add(-1)
+		}
+	}
 }
 
 // renew gives e a new cancel channel after an interrupt closed the old one.
@@ -405,6 +505,25 @@ func (s *Server) renew(e *entry) {
 	s.byCancel.Store(&m)
 }
 
+// interruptible is a request's context under Config.Interruptible: its
+// parent's values, done when the request's cancel channel closes. The
+// parent (Config.IOContext or FUAContext) is one that never ends.
+type interruptible struct {
+	context.Context
+	e *entry
+}
+
+func (c *interruptible) Done() <-chan struct{} { return c.e.cancel }
+
+func (c *interruptible) Err() error {
+	select {
+	case <-c.e.cancel:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
 // newEntries lays out depth entries over mem (bufSize bytes) and gives each
 // its cancel channel and contexts.
 func (s *Server) newEntries(q *queue, mem []byte) []entry {
@@ -420,8 +539,12 @@ func (s *Server) newEntries(q *queue, mem []byte) []entry {
 		e.iov[0] = iovec{uintptr(unsafe.Pointer(&e.hdr[0])), headerBufSize}
 		e.iov[1] = iovec{uintptr(unsafe.Pointer(&e.payload[0])), uint64(len(e.payload))}
 		e.cancel = make(chan struct{})
-		e.ioCtx = stack.WithWaiter(s.cfg.IOContext, e)
-		e.fuaCtx = stack.WithWaiter(s.cfg.FUAContext, e)
+		io, fua := s.cfg.IOContext, s.cfg.FUAContext
+		if s.cfg.Interruptible {
+			io, fua = &interruptible{io, e}, &interruptible{fua, e}
+		}
+		e.ioCtx = stack.WithWaiter(io, e)
+		e.fuaCtx = stack.WithWaiter(fua, e)
 		e.offload = e.runOffloaded
 	}
 	return ents
