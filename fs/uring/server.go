@@ -26,8 +26,10 @@ const (
 	// DefaultPollWindow is how long a queue polls for its next request in
 	// adaptive polling (Config.Poll 0).
 	DefaultPollWindow = 50 * time.Microsecond
-	// DefaultSubmitBatch is Config.SubmitBatch's default.
-	DefaultSubmitBatch = 16
+	// DefaultSubmitBatch is Config.SubmitBatch's default: with the
+	// default depth, a queue submits its replies when it runs dry (2x32
+	// was 5-19% faster than with 16, and a third faster than one by one).
+	DefaultSubmitBatch = 32
 	// DefaultOffloadBytes is the smallest READ or WRITE that runs off
 	// the queue's thread (Config.OffloadBytes).
 	DefaultOffloadBytes = 64 << 10
