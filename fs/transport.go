@@ -179,8 +179,20 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 		// Only for experiments: extra IORING_SETUP_* flags.
 		setup = uint32(v)
 	}
+	pinMode := uring.PinQueueCPU
+	switch os.Getenv("DMFUSE_URING_PIN") {
+	case "none":
+		pinMode = uring.PinNone
+	case "other":
+		pinMode = uring.PinOtherCPU
+	}
+	offload, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_OFFLOAD")) // 0: the default, -1: never
+	batch, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_BATCH"))
 	return uring.New(uring.Config{
 		Interruptible: o.Interruptible,
+		SubmitBatch:   batch,
+		Pin:           pinMode,
+		OffloadBytes:  offload,
 		SetupFlags:    setup,
 		Depth:         o.URingDepth,
 		PayloadSize:   payload,

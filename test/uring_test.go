@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -188,10 +189,6 @@ func TestURingWaitingKeepsQueue(t *testing.T) {
 	d := startDaemon(t, dir, "slow,,,rw,0 16384 delay ./a.img 0 60000;fast,,,rw,0 16384 linear ./b.img 0;",
 		"--transport", "uring", "--metrics-addr", "127.0.0.1:0")
 	mustLog(t, d, "transport io_uring")
-	m := regexp.MustCompile(`dmfuse: metrics on (http://\S+/metrics)\n`).FindStringSubmatch(d.stderr.String())
-	if m == nil {
-		t.Fatalf("no metrics address in the log: %s", d.stderr)
-	}
 	slow, fast := openDirect(t, d.path("slow")), openDirect(t, d.path("fast"))
 
 	slowDone := make(chan error, 1)
@@ -230,12 +227,7 @@ func TestURingWaitingKeepsQueue(t *testing.T) {
 		t.Fatalf("fast read %d: %v", n, fastErr)
 	}
 	// The delayed read handed its queue over because it said it waits.
-	resp, err := http.Get(m[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrape(t, d)
 	if !regexp.MustCompile(`(?m)^dmfuse_uring_handoffs_total\{cause="waiting"\} [1-9]`).Match(body) {
 		t.Errorf("no hand-off on waiting in the metrics:\n%s", regexp.MustCompile(`(?m)^dmfuse_uring.*$`).FindAll(body, -1))
 	}
@@ -261,4 +253,49 @@ func directBuf() []byte {
 	b := make([]byte, 8192)
 	off := int(-uintptr(unsafe.Pointer(&b[0])) & 4095)
 	return b[off : off+4096]
+}
+
+// scrape returns the metrics of d, started with --metrics-addr.
+func scrape(t *testing.T, d *daemon) []byte {
+	t.Helper()
+	m := regexp.MustCompile(`dmfuse: metrics on (http://\S+/metrics)\n`).FindStringSubmatch(d.stderr.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log: %s", d.stderr)
+	}
+	resp, err := http.Get(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
+// TestURingLargeRequests: 1 MiB writes and reads, 256 KiB requests under
+// the default memory limit, run off the queues' threads (offloaded) and
+// keep their data, also several at once.
+func TestURingLargeRequests(t *testing.T) {
+	requireURing(t)
+	requireTool(t, "fio")
+	dir := t.TempDir()
+	sparseFile(t, filepath.Join(dir, "a.img"), 16<<20)
+	d := startDaemon(t, dir, "lin,,,rw,0 32768 linear ./a.img 0;", "--transport", "uring", "--metrics-addr", "127.0.0.1:0")
+	mustLog(t, d, "transport io_uring")
+	run(t, "fio", "--name=big", "--filename="+d.path("lin"), "--direct=1", "--bs=1M", "--rw=randwrite",
+		"--ioengine=io_uring", "--iodepth=4", "--numjobs=2", "--size=8m", "--offset_increment=8m",
+		"--verify=crc32c", "--do_verify=1", "--verify_state_save=0")
+	body := scrape(t, d)
+	m := regexp.MustCompile(`(?m)^dmfuse_uring_offloaded_total (\d+)$`).FindSubmatch(body)
+	var n int
+	if m != nil {
+		n, _ = strconv.Atoi(string(m[1]))
+	}
+	// 2 jobs x 8 writes and 8 verifying reads of 1 MiB: at least one
+	// request of 64 KiB or more each.
+	if n < 32 {
+		t.Errorf("%d offloaded requests, want at least 32\n%s", n, regexp.MustCompile(`(?m)^dmfuse_uring.*$`).FindAll(body, -1))
+	}
 }

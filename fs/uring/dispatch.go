@@ -108,6 +108,8 @@ type entry struct {
 	in [32]uint64
 
 	next *entry // in the queue's list of finished entries
+
+	offload func() // runOffloaded, bound once so that go e.offload() allocates nothing
 }
 
 // Interrupt states of entry.run, above any unique id the kernel hands out.
@@ -175,6 +177,18 @@ func (e *entry) prepare() bool {
 	renew := e.cancelIsClosed
 	e.cancelIsClosed = false
 	return renew
+}
+
+// size returns the data size of a READ or WRITE request, 0 for other
+// requests.
+func (e *entry) size() int {
+	switch (*fuse.InHeader)(unsafe.Pointer(&e.in[0])).Opcode {
+	case opRead:
+		return int((*fuse.ReadIn)(unsafe.Pointer(&e.in[0])).Size)
+	case opWrite:
+		return int((*fuse.WriteIn)(unsafe.Pointer(&e.in[0])).Size)
+	}
+	return 0
 }
 
 // out returns a zeroed reply struct of size n at the start of the payload.

@@ -44,6 +44,7 @@ type queue struct {
 
 	// Hand-offs, by cause.
 	hinted, takenOver, parked atomic.Uint64
+	requests, offloaded       atomic.Uint64
 
 	mu      sync.Mutex
 	idle    int
@@ -76,6 +77,18 @@ func pin(cpu int) {
 	var set unix.CPUSet
 	set.Set(cpu)
 	unix.SchedSetaffinity(0, &set)
+}
+
+// pinLeader binds the calling thread, about to lead q, as Config.Pin says.
+func (q *queue) pinLeader() {
+	switch q.s.cfg.Pin {
+	case PinNone:
+		unix.SchedSetaffinity(0, &q.s.cpus)
+	case PinOtherCPU:
+		pin((q.id + 1) % len(q.s.queues))
+	default:
+		pin(q.id)
+	}
 }
 
 // thread is one OS thread of the queue. The goroutine stays locked to its
@@ -204,7 +217,7 @@ func (q *queue) lead() bool {
 	// the queue was unbound (giveUp), so that the requests waiting on such
 	// threads (a delay target's spin to its deadline) do not queue up for
 	// one CPU.
-	pin(q.id)
+	q.pinLeader()
 	q.tid.Store(int32(unix.Gettid()))
 	for {
 		if d := q.done.Swap(nil); d != nil {
@@ -227,7 +240,7 @@ func (q *queue) lead() bool {
 			if q.handle(e) {
 				return true
 			}
-			if q.r.queued() >= 16 {
+			if q.r.queued() >= q.s.cfg.SubmitBatch {
 				q.r.submit()
 			}
 			continue
@@ -288,6 +301,15 @@ func (q *queue) handle(e *entry) bool {
 		q.s.renew(e)
 	}
 	e.hinted = false
+	q.requests.Add(1)
+	if q.s.cfg.OffloadBytes > 0 && e.size() >= q.s.cfg.OffloadBytes {
+		// A large READ or WRITE is mostly a copy: run it on another
+		// thread (another CPU), so that the queue goes on meanwhile.
+		e.seq = 0
+		q.offloaded.Add(1)
+		go e.offload()
+		return false
+	}
 	if w := &q.s.waits[e.nodeID%uint64(len(q.s.waits))]; w.Load() {
 		// The node's last request waited: park this one on a goroutine
 		// of its own at once, and commit its reply when it is done.
@@ -313,15 +335,20 @@ func (q *queue) handle(e *entry) bool {
 }
 
 // async runs a parked request; a request of the node that completes
-// without waiting brings the node's requests back inline.
+// without waiting brings the node's requests back inline. w is nil for an
+// offloaded request.
 func (q *queue) async(e *entry, w *atomic.Bool) {
 	e.dispatch(q.s.fs)
 	e.ended()
-	if !e.hinted {
+	if w != nil && !e.hinted {
 		w.Store(false)
 	}
 	q.finished(e)
 }
+
+// runOffloaded runs e's request off the leader's thread (a large READ or
+// WRITE, see Config.OffloadBytes) and hands its reply to the leader.
+func (e *entry) runOffloaded() { e.q.async(e, nil) }
 
 // giveUp hands the queue to another thread if the request with sequence
 // number seq is the leader's inline request, and reports whether it was.

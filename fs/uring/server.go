@@ -26,6 +26,13 @@ const (
 	// DefaultPollWindow is how long a queue polls for its next request in
 	// adaptive polling (Config.Poll 0).
 	DefaultPollWindow = 50 * time.Microsecond
+	// DefaultSubmitBatch is Config.SubmitBatch's default: with the
+	// default depth, a queue submits its replies when it runs dry (2x32
+	// was 5-19% faster than with 16, and a third faster than one by one).
+	DefaultSubmitBatch = 32
+	// DefaultOffloadBytes is the smallest READ or WRITE that runs off
+	// the queue's thread (Config.OffloadBytes).
+	DefaultOffloadBytes = 64 << 10
 	// takeoverAfter is how long a request may hold a queue's thread,
 	// without saying it waits, before the watchdog hands the queue to
 	// another thread.
@@ -68,9 +75,30 @@ type Config struct {
 	// DEFER_TASKRUN, which needs it) cannot work: a queue changes threads
 	// when a request waits, and every leader submits.
 	SetupFlags uint32
+	// Pin is where a queue's leader thread runs: PinQueueCPU (the
+	// default) binds it to the CPU whose requests the queue receives,
+	// PinNone leaves it to the scheduler, PinOtherCPU binds it to the
+	// next CPU.
+	Pin int
+	// OffloadBytes: a READ or WRITE of at least this many bytes runs on
+	// a goroutine of its own instead of the leader's thread, so that the
+	// leader serves the requests behind it meanwhile and another CPU
+	// copies the data (DefaultOffloadBytes if 0; negative: never).
+	OffloadBytes int
+	// SubmitBatch is how many replies a leader queues before it submits
+	// them while requests are still waiting (DefaultSubmitBatch if 0);
+	// it submits what it has whenever it runs dry.
+	SubmitBatch int
 	// Logf reports problems; nil discards them.
 	Logf func(format string, args ...any)
 }
+
+// Where a queue's leader runs (Config.Pin).
+const (
+	PinQueueCPU = iota
+	PinNone
+	PinOtherCPU
+)
 
 // Server serves one FUSE connection's requests through io_uring queues, one
 // per possible CPU. Create it before the connection's FUSE_INIT (so that a
@@ -192,6 +220,12 @@ func bufSize(cfg Config) int {
 func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
+	}
+	if cfg.SubmitBatch <= 0 {
+		cfg.SubmitBatch = DefaultSubmitBatch
+	}
+	if cfg.OffloadBytes == 0 {
+		cfg.OffloadBytes = DefaultOffloadBytes
 	}
 	if cfg.IOContext == nil {
 		cfg.IOContext = context.Background()
@@ -321,6 +355,10 @@ type Stats struct {
 	// Threads is the number of threads the queues have (leaders and
 	// standby); each waiting request holds one.
 	Threads int
+	// Requests counts the requests each queue received; Offloaded those
+	// run off the leader because of their size (Config.OffloadBytes).
+	Requests  []uint64
+	Offloaded uint64
 	// Interrupts counts FUSE_INTERRUPTs that reached a ring request
 	// (Interrupt closed its cancel channel).
 	Interrupts uint64
@@ -333,6 +371,8 @@ func (s *Server) Stats() Stats {
 		st.Waiting += q.hinted.Load()
 		st.Watchdog += q.takenOver.Load()
 		st.Parked += q.parked.Load()
+		st.Offloaded += q.offloaded.Load()
+		st.Requests = append(st.Requests, q.requests.Load())
 		q.mu.Lock()
 		st.Threads += q.threads
 		q.mu.Unlock()
@@ -507,6 +547,7 @@ func (s *Server) newEntries(q *queue, mem []byte) []entry {
 		}
 		e.ioCtx = stack.WithWaiter(io, e)
 		e.fuaCtx = stack.WithWaiter(fua, e)
+		e.offload = e.runOffloaded
 	}
 	return ents
 }

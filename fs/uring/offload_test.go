@@ -1,0 +1,69 @@
+package uring
+
+import (
+	"testing"
+	"unsafe"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// TestOffloadLarge: a READ of at least Config.OffloadBytes runs off the
+// leader's thread, so that the requests behind it are answered while it
+// still runs, without a hand-off of the queue; smaller READs run inline.
+func TestOffloadLarge(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 8)
+	q := s.queues[0]
+	// Before any request: the leader reads it only for a request.
+	s.cfg.OffloadBytes = 8192
+	big := func(unique, node uint64) {
+		in := fuse.ReadIn{Size: 8192}
+		b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
+		r.send(opRead, unique, node, b)
+	}
+	big(100, nodeSilent) // waits without saying so, and the clock never moves
+	<-fs.started
+	for i := range uint64(5) {
+		r.read(200+2*i, nodeFast)
+		if p := r.reply(t); p.unique != 200+2*i || p.status != 0 || p.size != 4096 {
+			t.Fatalf("reply %+v, want %d's", p, 200+2*i)
+		}
+	}
+	close(fs.release)
+	if p := r.reply(t); p.unique != 100 || p.status != 0 || p.size != 8192 {
+		t.Errorf("the large read's reply: %+v", p)
+	}
+	big(300, nodeFast)
+	if p := r.reply(t); p.unique != 300 || p.size != 8192 {
+		t.Errorf("second large read's reply: %+v", p)
+	}
+	if o, h, w := q.offloaded.Load(), q.hinted.Load(), q.takenOver.Load(); o != 2 || h != 0 || w != 0 {
+		t.Errorf("%d offloaded, %d hand-offs on a hint, %d by the watchdog; want 2, 0, 0", o, h, w)
+	}
+	if n := q.requests.Load(); n != 7 {
+		t.Errorf("queue counted %d requests, want 7", n)
+	}
+}
+
+// TestEntrySize: size is the data size of READ and WRITE only.
+func TestEntrySize(t *testing.T) {
+	cfg := Config{Depth: 1, PayloadSize: 8192}
+	s := newServer(cfg, []ring{newFakeRing()}, [][]byte{make([]byte, bufSize(cfg))})
+	e := &s.queues[0].ent[0]
+	for _, c := range []struct {
+		op   uint32
+		size uint32
+		want int
+	}{{opRead, 4096, 4096}, {opWrite, 1 << 20, 1 << 20}, {opReaddir, 4096, 0}, {opGetattr, 0, 0}} {
+		in := fuse.ReadIn{Size: c.size}
+		b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
+		if c.op == opWrite {
+			w := fuse.WriteIn{Size: c.size}
+			b = unsafe.Slice((*byte)(unsafe.Pointer(&w)), unsafe.Sizeof(w))[unsafe.Sizeof(fuse.InHeader{}):]
+		}
+		e.request(c.op, 10, 7, b, nil)
+		e.prepare()
+		if got := e.size(); got != c.want {
+			t.Errorf("op %d size %d: size() = %d, want %d", c.op, c.size, got, c.want)
+		}
+	}
+}
