@@ -254,10 +254,10 @@ func pcFreeEntry(e *pcEntry) {
 // it accounts twice the bound in the daemon's memory plan (Ctor.Memory: the
 // cache, up to 9/8 of the bound, and the buffers its pools keep; dmfuse
 // mount raises its soft memory limit, --memory-limit, by that), so that a
-// full cache does not starve the rest of the daemon. A suspend writes the whole cache back, as
-// dm-writecache does (so that a new table never loses it); a power state
-// belongs to one table and a new table starts powered on with an empty
-// cache.
+// full cache does not starve the rest of the daemon. A suspend writes the
+// whole cache back, as dm-writecache does (so that a new table never loses
+// it); a power state belongs to one table and a new table starts powered on
+// with an empty cache.
 //
 // Messages (verbs case-insensitive):
 //
