@@ -74,6 +74,11 @@ type Manager struct {
 	// not files (stacktest.Opener serves memory devices). What it returns is
 	// closed with the table if it has a Close method.
 	Open func(arg string) (BlockDevice, error)
+
+	// Memory, when set, is the daemon's account of the memory targets hold
+	// beyond requests in flight (Ctor.Memory), set before devices are
+	// created.
+	Memory func(n int64)
 }
 
 // NewManager returns a manager that builds tables with reg. ctx lives as long
@@ -236,7 +241,7 @@ func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, e
 		open = func(arg string) (BlockDevice, error) { return m.open(d, arg, ro, dir) }
 	}
 	return Build(lines, BuildOptions{
-		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent,
+		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.Memory,
 		Open: open,
 	})
 }
@@ -509,7 +514,7 @@ func (m *Manager) removeWith(name string, o RemoveOptions) error {
 	if force {
 		if live := d.Live(); live != nil {
 			t, err := Build([]Line{{N: 1, Start: 0, Len: uint64(live.Sectors()), Type: Error.Name}},
-				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent})
+				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.Memory})
 			if err == nil {
 				d.loadLocked(t)
 				swapped, err = d.resumeLocked()

@@ -3,10 +3,8 @@ package stack
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/bits"
 	"math/rand/v2"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,7 +60,8 @@ type powercut struct {
 	hasLimit bool
 
 	wb sync.RWMutex
-	// reserved is what this cache added to the runtime's memory limit.
+	// memory is Ctor.Memory; reserved what the cache accounted there.
+	memory   func(n int64)
 	reserved int64
 
 	down    atomic.Bool  // written under mu
@@ -251,14 +250,14 @@ func pcFreeEntry(e *pcEntry) {
 // writes that come meanwhile wait only while the cache holds more than 9/8
 // of the bound). A request larger than the bound is written through, after
 // every cached entry (so cache_sectors 0 is a disk without a volatile
-// cache). The cache lives in the daemon's memory: while the target lives,
-// the Go runtime's soft memory limit (dmfuse mount --memory-limit), when one
-// is set, is raised by twice the bound (the cache, up to 9/8 of the bound,
-// and the buffers its pools keep), so that a full cache does not starve the
-// rest of the daemon. A suspend writes the whole cache back, as
-// dm-writecache does (so that a new table never loses it); a power state
-// belongs to one table and a new table starts powered on with an empty
-// cache.
+// cache). The cache lives in the daemon's memory: while the target lives
+// it accounts twice the bound in the daemon's memory plan (Ctor.Memory: the
+// cache, up to 9/8 of the bound, and the buffers its pools keep; dmfuse
+// mount raises its soft memory limit, --memory-limit, by that), so that a
+// full cache does not starve the rest of the daemon. A suspend writes the
+// whole cache back, as dm-writecache does (so that a new table never loses
+// it); a power state belongs to one table and a new table starts powered on
+// with an empty cache.
 //
 // Messages (verbs case-insensitive):
 //
@@ -330,7 +329,10 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 		return nil, err
 	}
 	p.dev, p.start, p.off = r.Dev, r.Off, r.Off/SectorSize
-	p.reserved = pcReserve(2 * p.limit * SectorSize)
+	if p.memory = c.Memory; p.memory != nil {
+		p.reserved = 2 * p.limit * SectorSize
+		p.memory(p.reserved)
+	}
 	p.mu.lastMode = "none"
 	p.mu.idx.init(c.Len * SectorSize)
 	p.mu.room.L = &p.mu.Mutex
@@ -857,32 +859,11 @@ func (p *powercut) Close() error {
 	if !p.down.Load() {
 		err = p.writeBackAllLocked(context.Background())
 	}
-	pcReserve(-p.reserved)
-	p.reserved = 0
+	if p.memory != nil && p.reserved != 0 {
+		p.memory(-p.reserved)
+		p.reserved = 0
+	}
 	return err
-}
-
-// pcMemLimit serializes the changes powercut makes to the runtime's memory
-// limit.
-var pcMemLimit sync.Mutex
-
-// pcReserve adds n bytes (negative: takes them back) to the Go runtime's
-// soft memory limit, when one is set, and returns what it added. A cache
-// lives on the heap: without its room in the limit, a full cache would
-// leave the daemon's other memory (request buffers) no headroom and the
-// collector would run without pause.
-func pcReserve(n int64) int64 {
-	if n == 0 {
-		return 0
-	}
-	pcMemLimit.Lock()
-	defer pcMemLimit.Unlock()
-	cur := debug.SetMemoryLimit(-1)
-	if cur == math.MaxInt64 {
-		return 0
-	}
-	debug.SetMemoryLimit(max(cur+n, 0))
-	return n
 }
 
 // pcChunkShift sets the span of one index chunk: 1 MiB.

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -1343,38 +1342,66 @@ func TestPowercutDestageOrder(t *testing.T) {
 	}
 }
 
-// TestPowercutMemoryLimit: while a powercut target lives, the runtime's soft
-// memory limit, when one is set, has room for twice its cache bound on top;
-// Close takes it back. Without a limit nothing changes.
-func TestPowercutMemoryLimit(t *testing.T) {
-	old := debug.SetMemoryLimit(-1)
-	defer debug.SetMemoryLimit(old)
-	debug.SetMemoryLimit(64 << 20)
+// TestPowercutMemory: a powercut target accounts twice its cache bound in
+// the daemon's memory plan (Ctor.Memory) while it lives and gives it back
+// in Close; a Manager passes its Memory hook to the tables it builds; a
+// target without the hook accounts nothing.
+func TestPowercutMemory(t *testing.T) {
+	var held int64
+	ctor := func(sectors int64, dev stack.BlockDevice) *stack.Ctor {
+		c := pcCtor(sectors, dev)
+		c.Memory = func(n int64) { held += n }
+		return c
+	}
 	dev := stack.NewMemDevice("mem", 64*pcSector)
-	a, err := stack.Powercut.New(pcCtor(64, dev), []string{"mem", "0"})
+	a, err := stack.Powercut.New(ctor(64, dev), []string{"mem", "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := stack.Powercut.New(pcCtor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors 2048"))
+	b, err := stack.Powercut.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors 2048"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := debug.SetMemoryLimit(-1), int64(64<<20+2*(32<<20+1<<20)); got != want {
-		t.Errorf("memory limit with a 32 MiB and a 1 MiB cache: %d, want %d (twice the bounds on top)", got, want)
+	if want := int64(2 * (32<<20 + 1<<20)); held != want {
+		t.Errorf("a 32 MiB and a 1 MiB cache account %d bytes, want %d (twice the bounds)", held, want)
+	}
+	if _, err := stack.Powercut.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors x")); err == nil {
+		t.Fatal("a bad table built")
 	}
 	a.Close()
 	b.Close()
-	if got := debug.SetMemoryLimit(-1); got != 64<<20 {
-		t.Errorf("memory limit after Close: %d, want %d", got, 64<<20)
+	if held != 0 {
+		t.Errorf("after Close (and a constructor that failed) %d bytes are still accounted", held)
 	}
-	debug.SetMemoryLimit(math.MaxInt64)
 	c, err := stack.Powercut.New(pcCtor(64, dev), []string{"mem", "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
-	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
-		t.Errorf("no memory limit became %d", got)
+
+	dir := pcFileDir(t)
+	img := filepath.Join(dir, "img")
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := stack.NewRegistry(stack.Powercut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := stack.NewManager(context.Background(), reg, nil)
+	defer m.RemoveAll()
+	m.Memory = func(n int64) { held += n }
+	if _, err := m.Create(stack.CreateOptions{Name: "pc", Minor: -1, Table: "0 2048 powercut " + img + " 0 2 cache_sectors 1024"}); err != nil {
+		t.Fatal(err)
+	}
+	if held != 1<<20 {
+		t.Errorf("a device over a 512 KiB cache accounts %d bytes through its Manager, want %d", held, 1<<20)
+	}
+	if err := m.Remove("pc"); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Errorf("after the device was removed %d bytes are still accounted", held)
 	}
 }
 

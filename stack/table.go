@@ -123,6 +123,8 @@ type BuildOptions struct {
 	Previous *Table
 	// Event raises a table event on the device being built for.
 	Event func()
+	// Memory is passed to the constructors as Ctor.Memory.
+	Memory func(n int64)
 }
 
 // Build checks lines as drivers/md/dm-table.c: dm_table_add_target and
@@ -172,7 +174,7 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 		}
 		// The devices this line opens, like the kernel's iterate_devices.
 		var lineDevs []BlockDevice
-		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event,
+		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event, Memory: o.Memory,
 			Open: func(arg string) (BlockDevice, error) {
 				d, err := o.Open(arg)
 				if err != nil {

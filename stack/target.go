@@ -221,6 +221,13 @@ type Ctor struct {
 	Context context.Context
 	// Event raises a table event on the device (its event counter goes up).
 	Event func()
+	// Memory, when set, accounts n more bytes (negative: n fewer) that a
+	// target holds in the daemon's memory for as long as it lives, beyond
+	// what requests in flight hold: the daemon's memory plan makes room for
+	// them (dmfuse mount raises its soft memory limit). A target that
+	// keeps data in memory calls it from its constructor, once it cannot
+	// fail, and gives the bytes back in Close.
+	Memory func(n int64)
 }
 
 // Clock returns monotonic nanoseconds (clock.Clock). Targets whose behaviour

@@ -12,6 +12,7 @@ import (
 	runtimemetrics "runtime/metrics"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -75,6 +76,23 @@ func memoryLimit(flag string) (int64, error) {
 		debug.SetMemoryLimit(limit)
 	}
 	return limit, nil
+}
+
+// memoryHeld serializes reserveMemory's changes to the runtime's limit.
+var memoryHeld sync.Mutex
+
+// reserveMemory is the Manager's Memory hook: it adds n bytes (negative:
+// takes them back) that targets hold beyond the request buffers (a powercut
+// cache) to the Go runtime's soft memory limit, when one is set. Without
+// their room in the limit, a full cache would leave the request buffers no
+// headroom and the collector would run without pause; the request budget
+// of the memory plan, fixed at mount, stays half of --memory-limit.
+func reserveMemory(n int64) {
+	memoryHeld.Lock()
+	defer memoryHeld.Unlock()
+	if cur := debug.SetMemoryLimit(-1); cur != math.MaxInt64 {
+		debug.SetMemoryLimit(max(cur+n, 0))
+	}
 }
 
 // parseSize reads a byte count: a number with an optional binary suffix

@@ -86,3 +86,27 @@ func TestListenLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveMemory: the Manager's Memory hook raises the runtime's soft
+// memory limit, when one is set, by what targets account and lowers it
+// when they give it back; without a limit it changes nothing.
+func TestReserveMemory(t *testing.T) {
+	old := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	debug.SetMemoryLimit(64 << 20)
+	reserveMemory(64 << 20)
+	reserveMemory(2 << 20)
+	if got := debug.SetMemoryLimit(-1); got != 130<<20 {
+		t.Errorf("limit of 64 MiB with 64 and 2 MiB accounted: %d, want %d", got, 130<<20)
+	}
+	reserveMemory(-64 << 20)
+	reserveMemory(-2 << 20)
+	if got := debug.SetMemoryLimit(-1); got != 64<<20 {
+		t.Errorf("limit after both were given back: %d, want %d", got, 64<<20)
+	}
+	debug.SetMemoryLimit(math.MaxInt64)
+	reserveMemory(64 << 20)
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("no memory limit became %d", got)
+	}
+}

@@ -103,6 +103,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	mgr.Memory = reserveMemory
 	stack.EnableDMStats(mgr)
 	defer mgr.RemoveAll()
 

@@ -279,6 +279,7 @@ func (c *DaemonCmd) Run() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	mgr.Memory = reserveMemory
 	stack.EnableDMStats(mgr)
 	defer mgr.RemoveAll()
 

@@ -21,8 +21,9 @@
 // next run, on either device, starts from a clean cache; that write-back is
 // timed apart and not counted in the IOPS. The table gives the median IOPS
 // of each device, the median of the per-round ratios pc/lin (with the
-// smallest and largest), the daemon's CPU time (utime+stime) per write, and
-// the median write-back time.
+// smallest and largest), the daemon's CPU time (utime+stime) per write, the
+// context switches of the whole machine per write (/proc/stat ctxt: fio's,
+// the daemon's and everyone else's), and the median write-back time.
 //
 // Everything it set up is torn down on exit, on error and on SIGINT or
 // SIGTERM.
@@ -136,6 +137,20 @@ func (b *bench) run(w io.Writer) (err error) {
 	return b.measure(ctx, w)
 }
 
+// ctxSwitches returns the context switches of the whole machine since boot
+// (/proc/stat ctxt), 0 if it cannot tell.
+func ctxSwitches() int64 {
+	s, _ := os.ReadFile("/proc/stat")
+	for _, l := range strings.Split(string(s), "\n") {
+		if v, ok := strings.CutPrefix(l, "ctxt "); ok {
+			var n int64
+			fmt.Sscan(v, &n)
+			return n
+		}
+	}
+	return 0
+}
+
 // loadavg returns the first three fields of /proc/loadavg.
 func loadavg() string {
 	s, _ := os.ReadFile("/proc/loadavg")
@@ -160,6 +175,7 @@ func (b *bench) measure(ctx context.Context, w io.Writer) error {
 	names := [2]string{"lin", "pc"}
 	iops := map[string][]float64{}
 	cpuUs := map[string][]float64{}
+	switches := map[string][]float64{}
 	ratios := map[string][]float64{}
 	wb := map[string][]float64{}
 	cached := map[string][]float64{}
@@ -173,7 +189,7 @@ func (b *bench) measure(ctx context.Context, w io.Writer) error {
 			for k := range 2 {
 				d := (k + round) % 2
 				dev := filepath.Join(b.mnt, names[d])
-				c0 := benchkit.CPUTicks(b.pid)
+				c0, s0 := benchkit.CPUTicks(b.pid), ctxSwitches()
 				r, err := benchkit.FioRandWrite(ctx, dev, b.rt, j.Args...)
 				if err != nil {
 					return err
@@ -182,6 +198,7 @@ func (b *bench) measure(ctx context.Context, w io.Writer) error {
 				key := j.Title + "/" + names[d]
 				iops[key] = append(iops[key], r)
 				cpuUs[key] = append(cpuUs[key], float64(benchkit.CPUTicks(b.pid)-c0)/benchkit.TicksPerSec*1e6/(r*b.rt.Seconds()))
+				switches[key] = append(switches[key], float64(ctxSwitches()-s0)/(r*b.rt.Seconds()))
 				if d == 1 {
 					st, err := benchkit.Ctl(b.bin, b.sock, "status", "pc")
 					if err != nil {
@@ -205,17 +222,18 @@ func (b *bench) measure(ctx context.Context, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "fio 4 KiB randwrite, O_DIRECT, %d rounds x %v per device, devices interleaved (order flipped every round); took %v; load average at the end: %s.\n\n",
 		b.pairs, b.rt, time.Since(t0).Round(time.Second), loadavg())
-	fmt.Fprintln(w, "| job | linear IOPS | powercut IOPS | ratio pc/linear (min-max) | daemon CPU µs/write linear | powercut | cached at the end (MiB) | write-back fsync (ms) |")
-	fmt.Fprintln(w, "|---|---:|---:|---|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| job | linear IOPS | powercut IOPS | ratio pc/linear (min-max) | daemon CPU µs/write linear | powercut | context switches/write linear | powercut | cached at the end (MiB) | write-back fsync (ms) |")
+	fmt.Fprintln(w, "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
 	for _, j := range benchkit.RandWriteJobs {
 		r := ratios[j.Title]
 		if len(r) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %.0f | %.0f | **%.3f** (%.2f-%.2f) | %.1f | %.1f | %.1f | %.1f |\n", j.Title,
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | **%.3f** (%.2f-%.2f) | %.1f | %.1f | %.2f | %.2f | %.1f | %.1f |\n", j.Title,
 			benchkit.Median(iops[j.Title+"/lin"]), benchkit.Median(iops[j.Title+"/pc"]),
 			benchkit.Median(r), slices.Min(r), slices.Max(r),
 			benchkit.Median(cpuUs[j.Title+"/lin"]), benchkit.Median(cpuUs[j.Title+"/pc"]),
+			benchkit.Median(switches[j.Title+"/lin"]), benchkit.Median(switches[j.Title+"/pc"]),
 			benchkit.Median(cached[j.Title]), benchkit.Median(wb[j.Title]))
 	}
 	fmt.Fprintln(w)
