@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -29,6 +30,7 @@ type config struct {
 	rev    string   // git revision it is built from ("": the working tree)
 	commit string   // rev's commit
 	args   []string // dmfuse mount flags
+	env    []string // extra environment of the daemon (KEY=VALUE)
 
 	bin   string
 	mnt   string
@@ -36,7 +38,9 @@ type config struct {
 	trans string // the daemon's own line about its transport
 }
 
-// parseConfigs reads "NAME[@REV]=FLAGS;..." (FLAGS space separated).
+// parseConfigs reads "NAME[@REV]=FLAGS;..." (FLAGS space separated). Words
+// of FLAGS before the first flag that look like KEY=VALUE with an upper-case
+// KEY (GOMAXPROCS=4, GODEBUG=...) are the daemon's environment instead.
 func parseConfigs(s string) ([]*config, error) {
 	var out []*config
 	for _, part := range strings.Split(s, ";") {
@@ -49,6 +53,9 @@ func parseConfigs(s string) ([]*config, error) {
 			return nil, fmt.Errorf("config %q: want NAME[@REV]=FLAGS", part)
 		}
 		c := &config{args: strings.Fields(flags)}
+		for len(c.args) > 0 && envWord.MatchString(c.args[0]) {
+			c.env, c.args = append(c.env, c.args[0]), c.args[1:]
+		}
 		c.name, c.rev, _ = strings.Cut(strings.TrimSpace(name), "@")
 		if c.name == "" || c.name == "loop" || strings.ContainsAny(c.name, "/ ") {
 			return nil, fmt.Errorf("config %q: a name, not loop, without / or spaces", part)
@@ -63,6 +70,9 @@ func parseConfigs(s string) ([]*config, error) {
 	}
 	return out, nil
 }
+
+// envWord is an environment word of a config's FLAGS.
+var envWord = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*=`)
 
 // ubench is one run of the io_uring suites: settings, what it set up, and
 // the report so far.
@@ -131,7 +141,7 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 		if c.rev != "" {
 			src = fmt.Sprintf("git revision %s (%s)", c.rev, c.commit)
 		}
-		fmt.Fprintf(&b.w, "* %s: dmfuse of %s, `mount %s`: %s\n", c.name, src, strings.Join(c.args, " "), c.trans)
+		fmt.Fprintf(&b.w, "* %s: dmfuse of %s, `%smount %s`: %s\n", c.name, src, strings.Join(append(c.env, ""), " "), strings.Join(c.args, " "), c.trans)
 	}
 	if b.loop != "" {
 		fmt.Fprintf(&b.w, "* loop: the kernel's loop device with direct I/O (`losetup --direct-io=on`) over the same tmpfs file\n")
@@ -215,7 +225,7 @@ func (b *ubench) setup(ctx context.Context) error {
 	for _, c := range b.configs {
 		c.mnt = filepath.Join(b.scratch, "mnt-"+c.name)
 		argv := append([]string{c.bin, "mount", "--config", cfgPath, "--control", filepath.Join(b.scratch, c.name+".sock")}, c.args...)
-		env := []string{"XDG_STATE_HOME=" + filepath.Join(b.scratch, "state-"+c.name)}
+		env := append([]string{"XDG_STATE_HOME=" + filepath.Join(b.scratch, "state-"+c.name)}, c.env...)
 		srv, err := benchkit.StartMounted(ctx, &b.undo, "dmfuse "+c.name, c.mnt, benchkit.FileReady(filepath.Join(c.mnt, "linear")), env, append(argv, c.mnt)...)
 		if err != nil {
 			return fmt.Errorf("config %s: %w", c.name, err)
