@@ -131,8 +131,11 @@ func (r *fakeRing) send(op uint32, unique, node uint64, opIn []byte) {
 }
 
 // read sends a 4 KiB READ of node.
-func (r *fakeRing) read(unique, node uint64) {
-	in := fuse.ReadIn{Size: 4096}
+func (r *fakeRing) read(unique, node uint64) { r.readAt(unique, node, 0) }
+
+// readAt sends a 4 KiB READ of node at offset off.
+func (r *fakeRing) readAt(unique, node, off uint64) {
+	in := fuse.ReadIn{Size: 4096, Offset: off}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
 	r.send(opRead, unique, node, b)
 }
@@ -156,6 +159,7 @@ const (
 	nodeHint   = 3 // says it waits (stack.Waiting), then waits for release
 	nodeSilent = 4 // waits for release without saying so
 	nodeCancel = 5 // waits for its cancel channel, answers EINTR
+	nodeMixed  = 6 // as nodeHint at a non-zero offset, as nodeFast at 0
 )
 
 // waitFS answers READs by node, telling started when a waiting read has
@@ -165,10 +169,24 @@ type waitFS struct {
 	srv     *Server
 	started chan uint64
 	release chan struct{}
+
+	mu       sync.Mutex
+	fastTids []int // the threads that answered nodeMixed's fast reads
 }
 
 func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
-	switch in.NodeId {
+	node := in.NodeId
+	if node == nodeMixed {
+		node = nodeFast
+		if in.Offset != 0 {
+			node = nodeHint
+		} else {
+			f.mu.Lock()
+			f.fastTids = append(f.fastTids, unix.Gettid())
+			f.mu.Unlock()
+		}
+	}
+	switch node {
 	case nodeHint:
 		ctx := f.srv.Context(cancel)
 		if ctx == nil {
@@ -276,10 +294,55 @@ func TestHandOffManyWaiting(t *testing.T) {
 			t.Errorf("no reply to waiting request %d", 100+2*i)
 		}
 	}
-	// The first waiting request handed the queue over; the node's later
-	// requests were parked on goroutines at once.
-	if h, p := s.queues[0].hinted.Load(), s.queues[0].parked.Load(); h != 1 || p != depth-2 {
-		t.Errorf("%d hand-offs on a hint, %d parked; want 1 and %d", h, p, depth-2)
+	// Each waiting request handed the queue over and held a thread of
+	// its own: the leader is one more.
+	if h := s.queues[0].hinted.Load(); h != depth-1 {
+		t.Errorf("%d hand-offs on a hint, want %d", h, depth-1)
+	}
+	if th := s.Stats().Threads; th < depth {
+		t.Errorf("%d threads for %d waiting requests and a leader", th, depth-1)
+	}
+}
+
+// TestFastAfterWaiting: a request starts inline whatever its node's last
+// request did. Node nodeMixed waits on reads at a non-zero offset (a
+// multipath device's slow path); while one waits, the node's fast reads
+// are answered inline, on the leader's thread, with no hand-off of their
+// own.
+func TestFastAfterWaiting(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 8)
+	q := s.queues[0]
+	r.readAt(100, nodeMixed, 4096)
+	if u := <-fs.started; u != 100 {
+		t.Fatalf("started %d", u)
+	}
+	for i := range uint64(5) {
+		r.readAt(200+2*i, nodeMixed, 0)
+		if p := r.reply(t); p.unique != 200+2*i || p.status != 0 {
+			t.Fatalf("reply %+v, want %d", p, 200+2*i)
+		}
+	}
+	if h := q.hinted.Load(); h != 1 {
+		t.Errorf("%d hand-offs, want the waiting request's alone", h)
+	}
+	// Inline: on the thread that leads the queue.
+	fs.mu.Lock()
+	for i, tid := range fs.fastTids {
+		if tid != int(q.tid.Load()) {
+			t.Errorf("fast read %d ran on thread %d, not on the leader %d", i, tid, q.tid.Load())
+		}
+	}
+	fs.mu.Unlock()
+	close(fs.release)
+	if p := r.reply(t); p.unique != 100 {
+		t.Errorf("reply %+v, want the waiting request's", p)
+	}
+	r.readAt(300, nodeMixed, 0)
+	if p := r.reply(t); p.unique != 300 {
+		t.Errorf("reply %+v after the wait", p)
+	}
+	if h := q.hinted.Load(); h != 1 {
+		t.Errorf("%d hand-offs after the wait, want 1", h)
 	}
 }
 

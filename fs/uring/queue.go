@@ -43,7 +43,7 @@ type queue struct {
 	stopping atomic.Bool
 
 	// Hand-offs, by cause.
-	hinted, takenOver, parked atomic.Uint64
+	hinted, takenOver atomic.Uint64
 
 	mu      sync.Mutex
 	idle    int
@@ -287,15 +287,6 @@ func (q *queue) handle(e *entry) bool {
 	if e.prepare() {
 		q.s.renew(e)
 	}
-	e.hinted = false
-	if w := &q.s.waits[e.nodeID%uint64(len(q.s.waits))]; w.Load() {
-		// The node's last request waited: park this one on a goroutine
-		// of its own at once, and commit its reply when it is done.
-		e.seq = 0
-		q.parked.Add(1)
-		go q.async(e, w)
-		return false
-	}
 	q.seq++
 	e.seq = q.seq
 	q.curStart.Store(q.s.clock.Nanotime())
@@ -312,17 +303,6 @@ func (q *queue) handle(e *entry) bool {
 	return false
 }
 
-// async runs a parked request; a request of the node that completes
-// without waiting brings the node's requests back inline.
-func (q *queue) async(e *entry, w *atomic.Bool) {
-	e.dispatch(q.s.fs)
-	e.ended()
-	if !e.hinted {
-		w.Store(false)
-	}
-	q.finished(e)
-}
-
 // giveUp hands the queue to another thread if the request with sequence
 // number seq is the leader's inline request, and reports whether it was.
 func (q *queue) giveUp(seq uint64) bool {
@@ -337,10 +317,6 @@ func (q *queue) giveUp(seq uint64) bool {
 // Waiting implements stack.Waiter: the request held by e is about to wait,
 // so the queue goes to another thread now.
 func (e *entry) Waiting() {
-	e.hinted = true
-	if w := &e.q.s.waits[e.nodeID%uint64(len(e.q.s.waits))]; !w.Load() {
-		w.Store(true)
-	}
 	if e.q.giveUp(e.seq) {
 		e.q.hinted.Add(1)
 	}

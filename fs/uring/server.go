@@ -84,11 +84,6 @@ type Server struct {
 
 	cpus unix.CPUSet // the CPUs the process may run on, for threads that lead no queue
 
-	// waits marks the nodes (hashed) whose last request said it waits:
-	// their requests run on goroutines of their own, off the queue's
-	// thread, until one completes without waiting.
-	waits [1024]atomic.Bool
-
 	wg   sync.WaitGroup // queue threads
 	dog  *watchdog
 	done chan struct{}
@@ -300,9 +295,6 @@ type Stats struct {
 	// (stack.Waiting); Watchdog those because a request held a queue's
 	// thread for longer than the watchdog allows.
 	Waiting, Watchdog uint64
-	// Parked counts requests run on goroutines of their own because the
-	// last request of their node said it waits.
-	Parked uint64
 	// Threads is the number of threads the queues have (leaders and
 	// standby); each waiting request holds one.
 	Threads int
@@ -314,7 +306,6 @@ func (s *Server) Stats() Stats {
 	for _, q := range s.queues {
 		st.Waiting += q.hinted.Load()
 		st.Watchdog += q.takenOver.Load()
-		st.Parked += q.parked.Load()
 		q.mu.Lock()
 		st.Threads += q.threads
 		q.mu.Unlock()
