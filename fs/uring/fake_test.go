@@ -25,6 +25,8 @@ type fakeRing struct {
 	sq      []int // commits queued, not submitted
 	woken   bool
 	replies chan fakeReply
+	waits   int // calls of wait that slept
+	wakes   int // calls of wake
 }
 
 type fakeReply struct {
@@ -75,6 +77,9 @@ func (r *fakeRing) wait() error {
 	r.submit()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if len(r.cq) == 0 && !r.woken {
+		r.waits++
+	}
 	for len(r.cq) == 0 && !r.woken {
 		r.cond.Wait()
 	}
@@ -101,6 +106,7 @@ func (r *fakeRing) ready() bool {
 
 func (r *fakeRing) wake() {
 	r.mu.Lock()
+	r.wakes++
 	r.woken = true
 	r.cond.Broadcast()
 	r.mu.Unlock()
@@ -160,6 +166,7 @@ const (
 	nodeSilent = 4 // waits for release without saying so
 	nodeCancel = 5 // waits for its cancel channel, answers EINTR
 	nodeMixed  = 6 // as nodeHint at a non-zero offset, as nodeFast at 0
+	nodeCont   = 7 // as nodeHint, then says it goes on (stack.Continuing) and waits for a second release
 )
 
 // waitFS answers READs by node, telling started when a waiting read has
@@ -193,6 +200,14 @@ func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse
 			return nil, fuse.EIO
 		}
 		stack.Waiting(ctx)
+		f.started <- in.Unique
+		<-f.release
+	case nodeCont:
+		ctx := f.srv.Context(cancel)
+		stack.Waiting(ctx)
+		f.started <- in.Unique
+		<-f.release
+		stack.Continuing(ctx)
 		f.started <- in.Unique
 		<-f.release
 	case nodeSilent:
@@ -343,6 +358,48 @@ func TestFastAfterWaiting(t *testing.T) {
 	}
 	if h := q.hinted.Load(); h != 1 {
 		t.Errorf("%d hand-offs after the wait, want 1", h)
+	}
+}
+
+// counts returns how many times the queue slept in wait and was woken.
+func (r *fakeRing) counts() (waits, wakes int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waits, r.wakes
+}
+
+// TestContinuingWakesLeader: a waiting request that says it goes on wakes
+// the sleeping leader, which then stays awake (spins, by the server's clock,
+// which does not move here) until the reply is there to commit.
+func TestContinuingWakesLeader(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 4)
+	q := s.queues[0]
+	r.read(100, nodeCont)
+	<-fs.started
+	r.read(200, nodeFast) // the new leader serves it, then sleeps
+	if p := r.reply(t); p.unique != 200 {
+		t.Fatalf("reply %+v", p)
+	}
+	for q.sleeping.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	waits, wakes := r.counts()
+	fs.release <- struct{}{} // the request says it goes on
+	<-fs.started
+	for q.sleeping.Load() != 0 || q.expect.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if w, k := r.counts(); k != wakes+1 {
+		t.Fatalf("%d wakes after Continuing, want %d (waits %d -> %d)", k, wakes+1, waits, w)
+	}
+	fs.release <- struct{}{}
+	if p := r.reply(t); p.unique != 100 || p.status != 0 {
+		t.Fatalf("reply %+v", p)
+	}
+	// One more sleep at most: the wake's own. The reply came without the
+	// leader sleeping again or being woken for it.
+	if w, k := r.counts(); w > waits+1 || k != wakes+1 {
+		t.Errorf("waits %d -> %d, wakes %d -> %d: the leader slept through the expected reply", waits, w, wakes, k)
 	}
 }
 
