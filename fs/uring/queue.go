@@ -21,7 +21,9 @@ import (
 // queue: a standby thread (a new one if none waits) becomes the leader at
 // once, and the old leader finishes the request, puts the entry on the
 // queue's list of finished entries, wakes the new leader to commit it, and
-// becomes a standby thread itself.
+// becomes a standby thread itself. A waiting request that says it is about
+// to complete (stack.Continuing, through entry.Continuing) wakes the leader
+// ahead of its reply, and the leader spins for it rather than sleep.
 type queue struct {
 	s     *Server
 	id    int
