@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/procs"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -72,6 +73,9 @@ func Default() (*Scheduler, error) {
 			return
 		}
 		defaultSched = NewScheduler(c)
+		// A P for the scheduler's thread, which naps in ppoll, and
+		// one for a request parked in futex.
+		procs.Raise(2)
 	})
 	return defaultSched, defaultErr
 }
