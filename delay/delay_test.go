@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dmfuse/dmfuse/stack"
 )
@@ -485,6 +486,78 @@ func TestWaitingHint(t *testing.T) {
 	}
 	r.clock.Advance(10 * ms)
 	if err := a.result(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// continueRecorder records the order of a request's hints.
+type continueRecorder struct {
+	mu    sync.Mutex
+	hints []string
+}
+
+func (c *continueRecorder) Waiting()    { c.add("waiting") }
+func (c *continueRecorder) Continuing() { c.add("continuing") }
+func (c *continueRecorder) add(s string) {
+	c.mu.Lock()
+	c.hints = append(c.hints, s)
+	c.mu.Unlock()
+}
+
+func (c *continueRecorder) get() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.hints)
+}
+
+// waitFor waits until c has n hints (the released request's goroutine
+// runs on its own), failing the test if that takes more than 10 s.
+func (c *continueRecorder) waitFor(t *testing.T, n int) {
+	t.Helper()
+	for i := 0; len(c.get()) < n; i++ {
+		if i == 10000 {
+			t.Fatalf("hints %v, want %d", c.get(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestContinuingHint: a delayed request says it goes on once released,
+// ahead of its deadline by the clock's lead and not before, after it said
+// it waits; a request no longer than the lead says both at once.
+func TestContinuingHint(t *testing.T) {
+	r := newRig(t)
+	r.clock.lead = 2 * ms
+	tg := r.target("8:16 0 10 8:32 0 1") // reads 10 ms, writes 1 ms (no longer than the lead)
+	h := &continueRecorder{}
+	ctx := stack.WithWaiter(context.Background(), h)
+	rd := r.read(tg, ctx)
+	waitStatus(t, tg, "1 0 0")
+	r.clock.settle()
+	if got := h.get(); !slices.Equal(got, []string{"waiting"}) {
+		t.Fatalf("hints while queued: %v", got)
+	}
+	r.clock.Advance(8 * ms) // the release, 2 ms early
+	waitStatus(t, tg, "0 0 0")
+	h.waitFor(t, 2)
+	if got := h.get(); !slices.Equal(got, []string{"waiting", "continuing"}) {
+		t.Fatalf("hints once released: %v", got)
+	}
+	stillRunning(t, rd, "an early released read")
+	r.clock.Advance(2 * ms)
+	if err := rd.result(t); err != nil {
+		t.Fatal(err)
+	}
+	h2 := &continueRecorder{}
+	wr := r.write(tg, stack.WithWaiter(context.Background(), h2))
+	waitStatus(t, tg, "0 1 0")
+	h2.waitFor(t, 2)
+	stillRunning(t, wr, "a write shorter than the lead")
+	if got := h2.get(); !slices.Equal(got, []string{"waiting", "continuing"}) {
+		t.Fatalf("hints of a write shorter than the lead: %v", got)
+	}
+	r.clock.Advance(ms)
+	if err := wr.result(t); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/procs"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -72,6 +73,9 @@ func Default() (*Scheduler, error) {
 			return
 		}
 		defaultSched = NewScheduler(c)
+		// A P for the scheduler's thread, which naps in ppoll, and
+		// one for a request parked in futex.
+		procs.Raise(2)
 	})
 	return defaultSched, defaultErr
 }
@@ -328,6 +332,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	q.mu.Unlock()
 
 	if !long {
+		stack.Continuing(ctx)
 		// Too short to park: waking a parked request would take longer
 		// than the delay. Spin until released or due; a request that is
 		// due before the scheduler took it leaves the queue itself.
@@ -355,6 +360,9 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 		stop = context.AfterFunc(ctx, func() { q.cancel(w) })
 	}
 	w.park()
+	// Released at most the clock's Lead early: the transport may get
+	// ready for the reply now.
+	stack.Continuing(ctx)
 	reuse := true
 	if stop != nil {
 		stopped := stop()

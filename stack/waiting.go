@@ -1,6 +1,9 @@
 package stack
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Waiter is told when the request it belongs to is about to wait: a
 // transport that serves several requests on one thread (io_uring) hands its
@@ -32,5 +35,29 @@ func WithWaiter(ctx context.Context, w Waiter) context.Context {
 func Waiting(ctx context.Context) {
 	if w, ok := ctx.Value(waiterKey{}).(Waiter); ok {
 		w.Waiting()
+	}
+}
+
+// Continuer is a Waiter that is also told when its waiting request is about
+// to go on: a transport that commits the replies of waiting requests on
+// another thread can have that thread awake and ready for the reply.
+type Continuer interface {
+	// Continuing is called on the goroutine that runs the request, after
+	// Waiting, at most ContinueLead before the request completes. It must
+	// be cheap.
+	Continuing()
+}
+
+// ContinueLead is the longest a request may take to complete after it calls
+// Continuing: a transport may spin that long for its reply.
+const ContinueLead = 200 * time.Microsecond
+
+// Continuing tells the transport of the request ctx belongs to that the
+// request, which called Waiting, will complete within ContinueLead (a delay
+// target released it ahead of its deadline). It does nothing for a context
+// without a Continuer.
+func Continuing(ctx context.Context) {
+	if r, ok := ctx.Value(waiterKey{}).(Continuer); ok {
+		r.Continuing()
 	}
 }

@@ -136,7 +136,6 @@ func parseSize(s string) (int64, error) {
 //
 //	dmfuse_uring_handoffs_total{cause="waiting"}   a queue went to another thread: a request said it waits
 //	dmfuse_uring_handoffs_total{cause="watchdog"}  ... a request held the queue's thread for 1 ms
-//	dmfuse_uring_parked_total                      requests run off the queue's thread: their node's last request waited
 //	dmfuse_uring_threads                           the queues' threads, leaders and standby
 //	dmfuse_uring_offloaded_total                   large READs and WRITEs run off the queue's thread
 //	dmfuse_uring_requests_total{queue="N"}         requests queue N received (the kernel picks the submitting CPU's)
@@ -158,7 +157,6 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 	})
 	set.NewGauge(`dmfuse_uring_handoffs_total{cause="waiting"}`, func() float64 { return float64(srv.URingStats().Waiting) })
 	set.NewGauge(`dmfuse_uring_handoffs_total{cause="watchdog"}`, func() float64 { return float64(srv.URingStats().Watchdog) })
-	set.NewGauge("dmfuse_uring_parked_total", func() float64 { return float64(srv.URingStats().Parked) })
 	set.NewGauge("dmfuse_uring_threads", func() float64 { return float64(srv.URingStats().Threads) })
 	set.NewGauge("dmfuse_uring_interrupts_total", func() float64 { return float64(srv.URingStats().Interrupts) })
 	set.NewGauge("dmfuse_uring_offloaded_total", func() float64 { return float64(srv.URingStats().Offloaded) })

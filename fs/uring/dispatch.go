@@ -91,7 +91,6 @@ type entry struct {
 	commitID uint64
 	unique   uint64
 	nodeID   uint64
-	hinted   bool   // the request said it waits (set on the goroutine that runs it)
 	fua      bool   // a WRITE with O_DSYNC
 	seq      uint64 // the queue's sequence number of the request
 

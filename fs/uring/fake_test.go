@@ -25,6 +25,8 @@ type fakeRing struct {
 	sq      []int // commits queued, not submitted
 	woken   bool
 	replies chan fakeReply
+	waits   int // calls of wait that slept
+	wakes   int // calls of wake
 }
 
 type fakeReply struct {
@@ -75,6 +77,9 @@ func (r *fakeRing) wait() error {
 	r.submit()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if len(r.cq) == 0 && !r.woken {
+		r.waits++
+	}
 	for len(r.cq) == 0 && !r.woken {
 		r.cond.Wait()
 	}
@@ -101,6 +106,7 @@ func (r *fakeRing) ready() bool {
 
 func (r *fakeRing) wake() {
 	r.mu.Lock()
+	r.wakes++
 	r.woken = true
 	r.cond.Broadcast()
 	r.mu.Unlock()
@@ -131,8 +137,11 @@ func (r *fakeRing) send(op uint32, unique, node uint64, opIn []byte) {
 }
 
 // read sends a 4 KiB READ of node.
-func (r *fakeRing) read(unique, node uint64) {
-	in := fuse.ReadIn{Size: 4096}
+func (r *fakeRing) read(unique, node uint64) { r.readAt(unique, node, 0) }
+
+// readAt sends a 4 KiB READ of node at offset off.
+func (r *fakeRing) readAt(unique, node, off uint64) {
+	in := fuse.ReadIn{Size: 4096, Offset: off}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
 	r.send(opRead, unique, node, b)
 }
@@ -156,6 +165,8 @@ const (
 	nodeHint   = 3 // says it waits (stack.Waiting), then waits for release
 	nodeSilent = 4 // waits for release without saying so
 	nodeCancel = 5 // waits for its cancel channel, answers EINTR
+	nodeMixed  = 6 // as nodeHint at a non-zero offset, as nodeFast at 0
+	nodeCont   = 7 // as nodeHint, then says it goes on (stack.Continuing) and waits for a second release
 )
 
 // waitFS answers READs by node, telling started when a waiting read has
@@ -165,16 +176,38 @@ type waitFS struct {
 	srv     *Server
 	started chan uint64
 	release chan struct{}
+
+	mu       sync.Mutex
+	fastTids []int // the threads that answered nodeMixed's fast reads
 }
 
 func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
-	switch in.NodeId {
+	node := in.NodeId
+	if node == nodeMixed {
+		node = nodeFast
+		if in.Offset != 0 {
+			node = nodeHint
+		} else {
+			f.mu.Lock()
+			f.fastTids = append(f.fastTids, unix.Gettid())
+			f.mu.Unlock()
+		}
+	}
+	switch node {
 	case nodeHint:
 		ctx := f.srv.Context(cancel)
 		if ctx == nil {
 			return nil, fuse.EIO
 		}
 		stack.Waiting(ctx)
+		f.started <- in.Unique
+		<-f.release
+	case nodeCont:
+		ctx := f.srv.Context(cancel)
+		stack.Waiting(ctx)
+		f.started <- in.Unique
+		<-f.release
+		stack.Continuing(ctx)
 		f.started <- in.Unique
 		<-f.release
 	case nodeSilent:
@@ -252,7 +285,7 @@ func TestHandOffOnHint(t *testing.T) {
 
 // TestHandOffManyWaiting: every entry but one holds a waiting request; the
 // last one still serves a stream of quick requests. The first waiting
-// request hands the queue over, the next ones of its node are parked.
+// request hands the queue over, and so does each one after it.
 func TestHandOffManyWaiting(t *testing.T) {
 	const depth = 6
 	s, r, fs, _ := newFakeServer(t, depth)
@@ -276,10 +309,97 @@ func TestHandOffManyWaiting(t *testing.T) {
 			t.Errorf("no reply to waiting request %d", 100+2*i)
 		}
 	}
-	// The first waiting request handed the queue over; the node's later
-	// requests were parked on goroutines at once.
-	if h, p := s.queues[0].hinted.Load(), s.queues[0].parked.Load(); h != 1 || p != depth-2 {
-		t.Errorf("%d hand-offs on a hint, %d parked; want 1 and %d", h, p, depth-2)
+	// Each waiting request handed the queue over and held a thread of
+	// its own: the leader is one more.
+	if h := s.queues[0].hinted.Load(); h != depth-1 {
+		t.Errorf("%d hand-offs on a hint, want %d", h, depth-1)
+	}
+	if th := s.Stats().Threads; th < depth {
+		t.Errorf("%d threads for %d waiting requests and a leader", th, depth-1)
+	}
+}
+
+// TestFastAfterWaiting: a request starts inline whatever its node's last
+// request did. Node nodeMixed waits on reads at a non-zero offset (a
+// multipath device's slow path); while one waits, the node's fast reads
+// are answered inline, on the leader's thread, with no hand-off of their
+// own.
+func TestFastAfterWaiting(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 8)
+	q := s.queues[0]
+	r.readAt(100, nodeMixed, 4096)
+	if u := <-fs.started; u != 100 {
+		t.Fatalf("started %d", u)
+	}
+	for i := range uint64(5) {
+		r.readAt(200+2*i, nodeMixed, 0)
+		if p := r.reply(t); p.unique != 200+2*i || p.status != 0 {
+			t.Fatalf("reply %+v, want %d", p, 200+2*i)
+		}
+	}
+	if h := q.hinted.Load(); h != 1 {
+		t.Errorf("%d hand-offs, want the waiting request's alone", h)
+	}
+	// Inline: on the thread that leads the queue.
+	fs.mu.Lock()
+	for i, tid := range fs.fastTids {
+		if tid != int(q.tid.Load()) {
+			t.Errorf("fast read %d ran on thread %d, not on the leader %d", i, tid, q.tid.Load())
+		}
+	}
+	fs.mu.Unlock()
+	close(fs.release)
+	if p := r.reply(t); p.unique != 100 {
+		t.Errorf("reply %+v, want the waiting request's", p)
+	}
+	r.readAt(300, nodeMixed, 0)
+	if p := r.reply(t); p.unique != 300 {
+		t.Errorf("reply %+v after the wait", p)
+	}
+	if h := q.hinted.Load(); h != 1 {
+		t.Errorf("%d hand-offs after the wait, want 1", h)
+	}
+}
+
+// counts returns how many times the queue slept in wait and was woken.
+func (r *fakeRing) counts() (waits, wakes int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waits, r.wakes
+}
+
+// TestContinuingWakesLeader: a waiting request that says it goes on wakes
+// the sleeping leader, which then stays awake (spins, by the server's clock,
+// which does not move here) until the reply is there to commit.
+func TestContinuingWakesLeader(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 4)
+	q := s.queues[0]
+	r.read(100, nodeCont)
+	<-fs.started
+	r.read(200, nodeFast) // the new leader serves it, then sleeps
+	if p := r.reply(t); p.unique != 200 {
+		t.Fatalf("reply %+v", p)
+	}
+	for q.sleeping.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	waits, wakes := r.counts()
+	fs.release <- struct{}{} // the request says it goes on
+	<-fs.started
+	for q.sleeping.Load() != 0 || q.expect.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if w, k := r.counts(); k != wakes+1 {
+		t.Fatalf("%d wakes after Continuing, want %d (waits %d -> %d)", k, wakes+1, waits, w)
+	}
+	fs.release <- struct{}{}
+	if p := r.reply(t); p.unique != 100 || p.status != 0 {
+		t.Fatalf("reply %+v", p)
+	}
+	// One more sleep at most: the wake's own. The reply came without the
+	// leader sleeping again or being woken for it.
+	if w, k := r.counts(); w > waits+1 || k != wakes+1 {
+		t.Errorf("waits %d -> %d, wakes %d -> %d: the leader slept through the expected reply", waits, w, wakes, k)
 	}
 }
 

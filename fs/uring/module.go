@@ -25,9 +25,9 @@
 // Server.Context returns, whose stack.Waiter hands the ring to a standby
 // thread the moment the stack calls stack.Waiting; the thread that runs the
 // waiting request puts its reply on the queue's list of finished entries
-// when it is done, and the queue's current thread commits it. The node's
-// next requests are parked on goroutines of their own at once, until one
-// completes without waiting. A watchdog
+// when it is done, and the queue's current thread commits it. Every request
+// starts inline, so a fast request of a node whose last request waited
+// (multipath over a fast and a slow path) costs no hand-off. A watchdog
 // does the same for a request that held the thread for 1 ms without saying
 // it waits.
 //

@@ -15,6 +15,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/dmfuse/dmfuse/internal/procs"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/clock"
 )
@@ -117,11 +118,6 @@ type Server struct {
 	mu       sync.Mutex
 
 	cpus unix.CPUSet // the CPUs the process may run on, for threads that lead no queue
-
-	// waits marks the nodes (hashed) whose last request said it waits:
-	// their requests run on goroutines of their own, off the queue's
-	// thread, until one completes without waiting.
-	waits [1024]atomic.Bool
 
 	// early holds interrupts for requests that no thread had started when
 	// the interrupt came (the kernel posts a request to the ring before it
@@ -278,6 +274,8 @@ func (s *Server) Start(fd int, fs fuse.RawFileSystem) error {
 		return err
 	}
 	s.fd = nfd
+	// A leader waits in io_uring_enter holding a P.
+	procs.Raise(len(s.queues))
 	for _, q := range s.queues {
 		if r, ok := q.r.(*sysRing); ok {
 			r.dev = nfd
@@ -349,9 +347,6 @@ type Stats struct {
 	// (stack.Waiting); Watchdog those because a request held a queue's
 	// thread for longer than the watchdog allows.
 	Waiting, Watchdog uint64
-	// Parked counts requests run on goroutines of their own because the
-	// last request of their node said it waits.
-	Parked uint64
 	// Threads is the number of threads the queues have (leaders and
 	// standby); each waiting request holds one.
 	Threads int
@@ -370,7 +365,6 @@ func (s *Server) Stats() Stats {
 	for _, q := range s.queues {
 		st.Waiting += q.hinted.Load()
 		st.Watchdog += q.takenOver.Load()
-		st.Parked += q.parked.Load()
 		st.Offloaded += q.offloaded.Load()
 		st.Requests = append(st.Requests, q.requests.Load())
 		q.mu.Lock()

@@ -44,7 +44,8 @@
 // --transport=dev, --transport=uring, --transport=uring --poll=50us) is a
 // dmfuse daemon of its own, built from the working tree or from git revision
 // REV, mounted with FLAGS beside the others over the same tmpfs file (the
-// fuse module's enable_uring is on while they mount, then put back). Every
+// fuse module's enable_uring is on while they mount, then put back); leading
+// KEY=VALUE words of FLAGS, such as GOMAXPROCS=4, are its environment. Every
 // run is repeated in -rounds interleaved rounds, each round starting with the
 // next daemon; the tables give medians and the median (min-max) of the
 // per-round ratios, the first config being the reference. The suites:
