@@ -2,6 +2,7 @@ package uring
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -27,6 +28,7 @@ type fakeRing struct {
 	replies chan fakeReply
 	waits   int // calls of wait that slept
 	wakes   int // calls of wake
+	closed  atomic.Bool
 }
 
 type fakeReply struct {
@@ -112,7 +114,7 @@ func (r *fakeRing) wake() {
 	r.mu.Unlock()
 }
 
-func (r *fakeRing) close() {}
+func (r *fakeRing) close() { r.closed.Store(true) }
 
 // unreaped returns the number of requests the queue has not taken yet.
 func (r *fakeRing) unreaped() int {

@@ -2,6 +2,7 @@ package uring
 
 import (
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -65,5 +66,38 @@ func TestEntrySize(t *testing.T) {
 		if got := e.size(); got != c.want {
 			t.Errorf("op %d size %d: size() = %d, want %d", c.op, c.size, got, c.want)
 		}
+	}
+}
+
+// TestCloseWaitsForOffloaded: after Close, the ring (whose buffers an
+// offloaded request still reads and writes) is released only once the
+// offloaded request has ended.
+func TestCloseWaitsForOffloaded(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 4)
+	q := s.queues[0]
+	s.cfg.OffloadBytes = 8192
+	in := fuse.ReadIn{Size: 8192}
+	r.send(opRead, 100, nodeSilent, unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):])
+	<-fs.started
+	s.Close()
+	for {
+		q.mu.Lock()
+		ended := q.closed
+		q.mu.Unlock()
+		if ended {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The queue has ended; give the release a moment to happen if it
+	// were going to (it must not).
+	time.Sleep(20 * time.Millisecond)
+	if r.closed.Load() {
+		t.Fatal("the ring was released while an offloaded request ran")
+	}
+	close(fs.release)
+	s.Wait()
+	if !r.closed.Load() {
+		t.Error("the ring was not released after the offloaded request ended")
 	}
 }

@@ -322,8 +322,11 @@ func (q *queue) handle(e *entry) bool {
 	if q.s.cfg.OffloadBytes > 0 && e.size() >= q.s.cfg.OffloadBytes {
 		// A large READ or WRITE is mostly a copy: run it on another
 		// thread (another CPU), so that the queue goes on meanwhile.
+		// It counts as one of the queues' threads, so that the rings
+		// and their buffers outlive it even after Close.
 		e.seq = 0
 		q.offloaded.Add(1)
+		q.s.wg.Add(1)
 		go e.offload()
 		return false
 	}
@@ -346,6 +349,7 @@ func (q *queue) handle(e *entry) bool {
 // runOffloaded runs e's request off the leader's thread (a large READ or
 // WRITE, see Config.OffloadBytes) and hands its reply to the leader.
 func (e *entry) runOffloaded() {
+	defer e.q.s.wg.Done()
 	e.dispatch(e.q.s.fs)
 	e.ended()
 	e.q.finished(e)
