@@ -4,6 +4,8 @@ import (
 	"math/bits"
 	"testing"
 	"time"
+
+	"github.com/dmfuse/dmfuse/fs/uring"
 )
 
 func TestPlanMemory(t *testing.T) {
@@ -24,8 +26,8 @@ func TestPlanMemory(t *testing.T) {
 		if want := (p.MaxBackground + p.Readers) * (p.MaxWrite + requestSlack); p.InflightBytes != want {
 			t.Errorf("limit %d: InflightBytes %d, want %d", limit, p.InflightBytes, want)
 		}
-		if p.URingDepth < 2 || p.URingDepth > 32 {
-			t.Errorf("limit %d: URingDepth %d outside [2, 32]", limit, p.URingDepth)
+		if p.URingDepth < 2 || p.URingDepth > uring.DefaultDepth {
+			t.Errorf("limit %d: URingDepth %d outside [2, %d]", limit, p.URingDepth, uring.DefaultDepth)
 		}
 		// Above the smallest plan (64 KiB x 16), the bound stays within
 		// the budget on both transports.

@@ -22,13 +22,18 @@ import (
 
 // Defaults.
 const (
-	// DefaultDepth is the number of entries per queue.
-	DefaultDepth = 32
+	// DefaultDepth is the number of entries per queue. The kernel puts
+	// a request on the queue of the CPU that issued it, so one queue may
+	// hold all of an application's requests: with 32 entries, half of a
+	// 2x32 stream on a 10 ms delay device waited in the kernel for an
+	// entry (78% of 64/delay against 95% with 64), and 64 cost nothing
+	// at 2x32 on a fast device (1.02x).
+	DefaultDepth = 64
 	// DefaultPollWindow is how long a queue polls for its next request in
 	// adaptive polling (Config.Poll 0).
 	DefaultPollWindow = 50 * time.Microsecond
-	// DefaultSubmitBatch is Config.SubmitBatch's default: with the
-	// default depth, a queue submits its replies when it runs dry (2x32
+	// DefaultSubmitBatch is Config.SubmitBatch's default: the replies a
+	// queue holds before it submits them, unless it runs dry first (2x32
 	// was 5-19% faster than with 16, and a third faster than one by one).
 	DefaultSubmitBatch = 32
 	// DefaultOffloadBytes is the smallest READ or WRITE that runs off
