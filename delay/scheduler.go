@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/internal/procs"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -75,7 +74,7 @@ func Default() (*Scheduler, error) {
 		defaultSched = NewScheduler(c)
 		// A P for the scheduler's thread, which naps in ppoll, and
 		// one for a request parked in futex.
-		procs.Raise(2)
+		stack.RaiseProcs(2)
 	})
 	return defaultSched, defaultErr
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/internal/procs"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/clock"
 )
@@ -280,7 +279,7 @@ func (s *Server) Start(fd int, fs fuse.RawFileSystem) error {
 	}
 	s.fd = nfd
 	// A leader waits in io_uring_enter holding a P.
-	procs.Raise(len(s.queues))
+	stack.RaiseProcs(len(s.queues))
 	for _, q := range s.queues {
 		if r, ok := q.r.(*sysRing); ok {
 			r.dev = nfd

@@ -1,30 +1,30 @@
-package procs
+package stack
 
 import (
 	"runtime"
 	"testing"
 )
 
-// TestRaise: the runtime gets a P per CPU on top of one per queue,
+// TestRaiseProcs: the runtime gets a P per CPU on top of one per queue,
 // never fewer than it had, and GOMAXPROCS in the environment wins.
-func TestRaise(t *testing.T) {
+func TestRaiseProcs(t *testing.T) {
 	old := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(old) })
 	t.Setenv("GOMAXPROCS", "")
 	runtime.GOMAXPROCS(1)
-	Raise(3)
+	RaiseProcs(3)
 	if got, want := runtime.GOMAXPROCS(0), runtime.NumCPU()+3; got != want {
-		t.Errorf("GOMAXPROCS %d after Raise(3), want %d", got, want)
+		t.Errorf("GOMAXPROCS %d after RaiseProcs(3), want %d", got, want)
 	}
 	big := runtime.NumCPU() + 10
 	runtime.GOMAXPROCS(big)
-	Raise(3)
+	RaiseProcs(3)
 	if got := runtime.GOMAXPROCS(0); got != big {
 		t.Errorf("GOMAXPROCS lowered from %d to %d", big, got)
 	}
 	t.Setenv("GOMAXPROCS", "1")
 	runtime.GOMAXPROCS(1)
-	Raise(3)
+	RaiseProcs(3)
 	if got := runtime.GOMAXPROCS(0); got != 1 {
 		t.Errorf("GOMAXPROCS=1 in the environment: raised to %d", got)
 	}

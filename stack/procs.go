@@ -1,13 +1,11 @@
-// Package procs sizes the Go runtime's Ps for threads that wait in system
-// calls.
-package procs
+package stack
 
 import (
 	"os"
 	"runtime"
 )
 
-// Raise makes sure the runtime has a P per CPU on top of extra, unless
+// RaiseProcs makes sure the runtime has a P per CPU on top of extra, unless
 // GOMAXPROCS is set in the environment; it never lowers GOMAXPROCS.
 //
 // A thread that waits in a system call through the runtime's ordinary path
@@ -20,7 +18,7 @@ import (
 // request started or released, a thread promoted to lead a queue) sits
 // runnable until sysmon comes: up to 2 ms in a runtime trace of a delay
 // device at queue depth 1. With spare Ps, the runtime runs it at once.
-func Raise(extra int) {
+func RaiseProcs(extra int) {
 	if os.Getenv("GOMAXPROCS") != "" {
 		return
 	}
