@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -224,6 +225,29 @@ func waitDelayStatus(t *testing.T, d *daemon, name, want string, ended <-chan er
 }
 
 // ctl runs a dmfuse control command against the daemon d.
+// waitDelayHeld polls the status of delay device dev until it holds n
+// requests, or until done yields. It returns what done yielded, the last
+// status line and whether done yielded first.
+func waitDelayHeld[T any](t *testing.T, d *daemon, dev string, n int, done <-chan T) (v T, status string, ended bool) {
+	t.Helper()
+	want := "delay " + strconv.Itoa(n) + " 0 0"
+	for {
+		out, err := d.ctl("status", dev)
+		if err != nil {
+			t.Fatalf("dmfuse status: %v: %s", err, out)
+		}
+		status = strings.TrimSpace(out)
+		if strings.HasSuffix(status, want) {
+			return v, status, false
+		}
+		select {
+		case v = <-done:
+			return v, status, true
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 func (d *daemon) ctl(args ...string) (string, error) {
 	out, err := exec.Command(dmfuseBin, append([]string{"--mount", d.mnt}, args...)...).CombinedOutput()
 	return string(out), err
@@ -256,19 +280,8 @@ func TestDelayPresuspendReleases(t *testing.T) {
 		done <- result{time.Since(t0), err}
 	}()
 	// Wait until the read is queued in the target.
-	for {
-		out, err := d.ctl("status", "held")
-		if err != nil {
-			t.Fatalf("dmfuse status: %v: %s", err, out)
-		}
-		if strings.HasSuffix(strings.TrimSpace(out), "delay 1 0 0") {
-			break
-		}
-		select {
-		case r := <-done:
-			t.Fatalf("the read ended (%v, %v) before it was seen queued; status %q", r.took, r.err, out)
-		case <-time.After(10 * time.Millisecond):
-		}
+	if r, out, ended := waitDelayHeld(t, d, "held", 1, done); ended {
+		t.Fatalf("the read ended (%v, %v) before it was seen queued; status %q", r.took, r.err, out)
 	}
 	if out, err := d.ctl("suspend", "held"); err != nil {
 		t.Fatalf("dmfuse suspend: %v: %s", err, out)

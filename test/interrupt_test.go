@@ -143,21 +143,8 @@ func waitQueued(t *testing.T, d *daemon, n int, done chan readResult) {
 // until done yields; it reports what done yielded and whether it did.
 func waitQueuedOrDone(t *testing.T, d *daemon, n int, done chan readResult) (readResult, bool) {
 	t.Helper()
-	want := "delay " + strconv.Itoa(n) + " 0 0"
-	for {
-		out, err := d.ctl("status", "slow")
-		if err != nil {
-			t.Fatalf("dmfuse status: %v: %s", err, out)
-		}
-		if strings.HasSuffix(strings.TrimSpace(out), want) {
-			return readResult{}, false
-		}
-		select {
-		case r := <-done:
-			return r, true
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	r, _, ended := waitDelayHeld(t, d, "slow", n, done)
+	return r, ended
 }
 
 // releaseSlow lets every request the delay device holds go (a suspend

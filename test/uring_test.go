@@ -12,7 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -198,19 +197,8 @@ func TestURingWaitingKeepsQueue(t *testing.T) {
 		slowDone <- err
 	})
 	// Wait until the read is queued in the delay target.
-	for {
-		out, err := d.ctl("status", "slow")
-		if err != nil {
-			t.Fatalf("dmfuse status: %v: %s", err, out)
-		}
-		if strings.HasSuffix(strings.TrimSpace(out), "delay 1 0 0") {
-			break
-		}
-		select {
-		case err := <-slowDone:
-			t.Fatalf("the delayed read ended (%v) before it was seen queued", err)
-		case <-time.After(10 * time.Millisecond):
-		}
+	if err, _, ended := waitDelayHeld(t, d, "slow", 1, slowDone); ended {
+		t.Fatalf("the delayed read ended (%v) before it was seen queued", err)
 	}
 	var fastErr error
 	n := 0
