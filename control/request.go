@@ -157,6 +157,10 @@ func DecodeRequest(line []byte) (*Request, error) {
 	if dec.More() {
 		return nil, errors.New("malformed request: data after the JSON object")
 	}
+	if len(req.Args) == 0 {
+		// "args":[] and no args mean the same; Encode writes neither.
+		req.Args = nil
+	}
 	return &req, nil
 }
 
