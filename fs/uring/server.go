@@ -118,13 +118,13 @@ const (
 // failure to create rings can still fall back to /dev/fuse), then Start it
 // once the INIT reply has been written.
 type Server struct {
-	cfg   Config
-	clock clock.Clock
+	cfg    Config
+	clock  clock.Clock
+	queues []*queue
+	fd     int // our own duplicate of the /dev/fuse descriptor
+	fs     fuse.RawFileSystem
 
 	expectMargin int64 // Config.ExpectMargin, ns; negative: off
-	queues       []*queue
-	fd           int // our own duplicate of the /dev/fuse descriptor
-	fs           fuse.RawFileSystem
 
 	// byCancel maps each entry's cancel channel to the entry, for Context;
 	// replaced as a whole (under mu) when an interrupt renews a channel.
