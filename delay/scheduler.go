@@ -408,8 +408,9 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 }
 
 // finish ends the wait of a released request: released up to the clock's
-// Lead early (or flushed, deadline 0), it spins on the monotonic clock, on the
-// goroutine that runs the request, until its deadline.
+// Lead early (while alone, see Scheduler.lead), it spins on the monotonic
+// clock, on the goroutine that runs the request, until its deadline; released
+// at its deadline, or flushed (deadline 0), it returns at once.
 //
 // The spin keeps its P and never yields (runtime.Gosched): a yield puts the
 // goroutine on the global run queue and may hand the P to a goroutine locked
