@@ -187,8 +187,8 @@ func (s *Scheduler) loop() {
 // lead returns how early the loop releases requests now: the clock's Lead
 // while at most one request is active, 0 while several are. A request
 // released early spins on its CPU to its deadline; with several in flight
-// the machine has other work for that CPU (on two CPUs, 64 requests of 10
-// ms spinning 50 us each take a sixth of one), and a release wakes a
+// the machine has other work for that CPU (64 requests of 10 ms spinning 50
+// us each take a third of one), and a release wakes a
 // thread that another one running may keep from a CPU anyway. Released at
 // its deadline, a request spins no more and is late by its wake-up (tens
 // of microseconds), which a lone request, the one whose latency is its
