@@ -21,9 +21,7 @@ type Clock interface {
 	// goroutine.
 	Wake()
 	// Lead is how long before its deadline a request is released (0 on a
-	// manual clock) while it is the only active request of the scheduler;
-	// with several active, each is released at its deadline. A request
-	// released early finishes the wait itself, spinning
+	// manual clock). A released request finishes the wait itself, spinning
 	// on Now until its deadline, so it runs on time even when waking its
 	// goroutine takes longer than the scheduler's own precision.
 	Lead() int64

@@ -27,14 +27,10 @@
 // us on the real clock) in arrival order. A released request finishes the wait
 // on its own goroutine, spinning on the monotonic clock until its deadline:
 // waking a parked request on another CPU takes tens of microseconds, so
-// releasing at the deadline itself would always be that late. The lead applies
-// only while a single request (of all targets) is active, queued or finishing:
-// with several, the scheduler releases each at its deadline and nothing spins
-// to it, since the CPU such a spin takes is the one the other requests, and
-// the application, are waiting for; they are late by their wake-up instead.
-// A request whose delay is no longer than the lead never parks and never
-// involves the scheduler: it spins, and leaves its queue at its deadline
-// unless presuspend releases it first. A request with an earlier deadline wakes the scheduler
+// releasing at the deadline itself would always be that late. A request whose
+// delay is no longer than the lead never parks and never involves the
+// scheduler: it spins, and leaves its queue at its deadline unless presuspend
+// releases it first. A request with an earlier deadline wakes the scheduler
 // through the eventfd; with nothing queued it lingers briefly (Linger) and then
 // sleeps without a timeout. A waiting request parks its thread in futex(2) on a
 // pooled waiter and allocates nothing; the release is one futex wake-up

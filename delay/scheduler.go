@@ -42,11 +42,6 @@ type Scheduler struct {
 	waiting   bool      // the loop is in (or about to enter) clock.Wait
 	waitUntil int64     // the deadline of that wait
 
-	// active counts the requests longer than the lead, of every target,
-	// from the moment they queue until their wait returns (released ones
-	// spinning to their deadlines included).
-	active atomic.Int32
-
 	// owned by the loop goroutine
 	due     []*queue
 	dueNext []int64
@@ -154,7 +149,7 @@ func (s *Scheduler) loop() {
 			s.mu.Unlock()
 			return
 		}
-		lead := s.lead()
+		lead := s.clock.Lead()
 		now := s.clock.Now() + lead
 		for len(s.heap) > 0 && s.heap[0].key <= now {
 			s.due = append(s.due, heap.Pop(&s.heap).(*queue))
@@ -182,22 +177,6 @@ func (s *Scheduler) loop() {
 		}
 		s.due, s.dueNext, s.dueMore = s.due[:0], s.dueNext[:0], s.dueMore[:0]
 	}
-}
-
-// lead returns how early the loop releases requests now: the clock's Lead
-// while at most one request is active, 0 while several are. A request
-// released early spins on its CPU to its deadline; with several in flight
-// the machine has other work for that CPU (64 requests of 10 ms spinning 50
-// us each take a third of one), and a release wakes a
-// thread that another one running may keep from a CPU anyway. Released at
-// its deadline, a request spins no more and is late by its wake-up (tens
-// of microseconds), which a lone request, the one whose latency is its
-// device's speed (queue depth 1), is not.
-func (s *Scheduler) lead() int64 {
-	if s.active.Load() > 1 {
-		return 0
-	}
-	return s.clock.Lead()
 }
 
 // pass releases every expired request of the due queues.
@@ -318,9 +297,8 @@ func newQueue(s *Scheduler) *queue {
 
 // wait delays the calling request of class c by d nanoseconds (d > 0). It
 // returns at once while the queue does not delay (suspended). Released up to
-// the clock's Lead early (only while no other request is active, see
-// Scheduler.lead), it spins for the rest; a delay no longer than the lead
-// spins throughout instead of parking. If ctx ends
+// the clock's Lead early, it spins for the rest; a delay no longer than the
+// lead spins throughout instead of parking. If ctx ends
 // first the request leaves the queue and wait returns an error wrapping
 // EINTR and the context's error.
 func (q *queue) wait(ctx context.Context, c int, d int64) error {
@@ -343,10 +321,6 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	w.seq = q.mu.seq
 	l := &q.mu.lists[c]
 	first := l.head == nil
-	if long {
-		// Counted before the scheduler can see it, until wait returns.
-		q.s.active.Add(1)
-	}
 	l.push(w)
 	if first && long {
 		// A short request needs no scheduler: it spins, and leaves the
@@ -380,7 +354,6 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 		return nil
 	}
 
-	defer q.s.active.Add(-1)
 	var stop func() bool
 	if ctx.Done() != nil {
 		stop = context.AfterFunc(ctx, func() { q.cancel(w) })
@@ -408,9 +381,8 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 }
 
 // finish ends the wait of a released request: released up to the clock's
-// Lead early (while alone, see Scheduler.lead), it spins on the monotonic
-// clock, on the goroutine that runs the request, until its deadline; released
-// at its deadline, or flushed (deadline 0), it returns at once.
+// Lead early (or flushed, deadline 0), it spins on the monotonic clock, on the
+// goroutine that runs the request, until its deadline.
 //
 // The spin keeps its P and never yields (runtime.Gosched): a yield puts the
 // goroutine on the global run queue and may hand the P to a goroutine locked

@@ -50,7 +50,6 @@ type queue struct {
 	// Hand-offs, by cause.
 	hinted, takenOver   atomic.Uint64
 	requests, offloaded atomic.Uint64
-	returned            atomic.Uint64 // replies of hand-offs and offloads back (finished)
 
 	mu      sync.Mutex
 	idle    int
@@ -188,16 +187,7 @@ func (q *queue) finished(e *entry) {
 			break
 		}
 	}
-	q.returned.Add(1)
 	q.wake()
-}
-
-// away returns how many requests of the queue run off the leader's thread
-// now: handed off (they waited, or the watchdog took the queue over) or
-// offloaded, and not finished. A count read while one changes hands may be
-// off by one.
-func (q *queue) away() int64 {
-	return int64(q.hinted.Load()+q.takenOver.Load()+q.offloaded.Load()) - int64(q.returned.Load())
 }
 
 // reap moves completions into pending and returns how many requests arrived.
@@ -389,20 +379,10 @@ func (e *entry) Waiting() {
 // leader, woken now if it sleeps, spins until then, so that it is awake to
 // commit the reply at once: waking a sleeping thread takes tens of
 // microseconds, more on an idle virtual CPU.
-//
-// Only a request that is the queue's one request off the leader does so.
-// With several away (a deep queue of waiting requests), their replies come
-// one after another and the leader would spin all the time, on a CPU that
-// the requests about to reply, and the application, need; the first reply
-// wakes a sleeping leader (finished), and it commits whatever else is
-// finished by then.
 func (e *entry) Continuing() {
 	q := e.q
 	if q.cur.Load() == e.seq && e.seq != 0 {
 		return // inline: the leader runs it
-	}
-	if q.away() > 1 {
-		return
 	}
 	until := q.s.clock.Nanotime() + int64(stack.ContinueLead)
 	for {
