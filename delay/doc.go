@@ -27,7 +27,10 @@
 // us on the real clock) in arrival order. A released request finishes the wait
 // on its own goroutine, spinning on the monotonic clock until its deadline:
 // waking a parked request on another CPU takes tens of microseconds, so
-// releasing at the deadline itself would always be that late. A request whose
+// releasing at the deadline itself would always be that late. A request that
+// parks tells its transport when it will complete (stack.Expecting), so that
+// a transport that commits replies on a thread of its own can have that
+// thread awake by then. A request whose
 // delay is no longer than the lead never parks and never involves the
 // scheduler: it spins, and leaves its queue at its deadline unless presuspend
 // releases it first. A request with an earlier deadline wakes the scheduler

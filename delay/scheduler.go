@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/dmfuse/dmfuse/stack"
 )
@@ -304,7 +305,12 @@ func newQueue(s *Scheduler) *queue {
 func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	// The request waits from here on, however short the delay: a
 	// transport that serves other requests on this thread moves them
-	// (before the lock: the hint wakes another thread).
+	// (before the lock: the hint wakes another thread). A request that
+	// parks says first when it will complete, its deadline: the
+	// transport may be awake for the reply by then.
+	if d > q.s.clock.Lead() {
+		stack.Expecting(ctx, time.Duration(d))
+	}
 	stack.Waiting(ctx)
 	q.mu.Lock()
 	if q.mu.noDelay {

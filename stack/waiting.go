@@ -61,3 +61,27 @@ func Continuing(ctx context.Context) {
 		r.Continuing()
 	}
 }
+
+// Expecter is a Waiter that is also told, when its request starts to wait,
+// when the request expects to complete: a transport that commits the
+// replies of waiting requests on a thread of its own can have that thread
+// wake up by itself shortly before, on its own CPU, instead of being woken
+// by another thread when the reply is near (Continuing).
+type Expecter interface {
+	// Expecting is called on the goroutine that runs the request, just
+	// before or after Waiting, with how long from now the request expects
+	// to complete. It may be called more than once for one request (the
+	// last call counts) and must be cheap.
+	Expecting(d time.Duration)
+}
+
+// Expecting tells the transport of the request ctx belongs to that the
+// request, which waits (call Waiting too), expects to complete d from now: a
+// delay target knows its deadline when it queues a request. It is a hint,
+// not a promise: a request may complete earlier (presuspend, an interrupt)
+// or later. It does nothing for a context without an Expecter.
+func Expecting(ctx context.Context, d time.Duration) {
+	if r, ok := ctx.Value(waiterKey{}).(Expecter); ok {
+		r.Expecting(d)
+	}
+}

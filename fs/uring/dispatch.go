@@ -108,6 +108,10 @@ type entry struct {
 
 	next *entry // in the queue's list of finished entries
 
+	// expectAt is when the running request said it would complete
+	// (Expecting), by the server's clock; 0: it did not say.
+	expectAt atomic.Int64
+
 	offload func() // runOffloaded, bound once so that go e.offload() allocates nothing
 }
 
@@ -130,6 +134,7 @@ func (e *entry) interrupt(unique uint64) bool {
 
 // ended marks the end of e's request, on the goroutine that ran it.
 func (e *entry) ended() {
+	e.expectAt.Store(0)
 	for {
 		v := e.run.Load()
 		if v&runClosing != 0 {

@@ -29,6 +29,11 @@ type fakeRing struct {
 	waits   int // calls of wait that slept
 	wakes   int // calls of wake
 	closed  atomic.Bool
+
+	// timeouts holds the timeout of every wait that slept (0: none);
+	// fire ends a timed wait as its timer would.
+	timeouts []int64
+	fired    bool
 }
 
 type fakeReply struct {
@@ -75,18 +80,35 @@ func (r *fakeRing) submit() error {
 	return nil
 }
 
-func (r *fakeRing) wait() error {
+func (r *fakeRing) wait(timeout int64) error {
 	r.submit()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.cq) == 0 && !r.woken {
 		r.waits++
+		r.timeouts = append(r.timeouts, timeout)
+		r.fired = false
 	}
-	for len(r.cq) == 0 && !r.woken {
+	for len(r.cq) == 0 && !r.woken && !(timeout > 0 && r.fired) {
 		r.cond.Wait()
 	}
-	r.woken = false
+	r.woken, r.fired = false, false
 	return nil
+}
+
+// fire ends a timed wait in progress, as its timer does.
+func (r *fakeRing) fire() {
+	r.mu.Lock()
+	r.fired = true
+	r.cond.Broadcast()
+	r.mu.Unlock()
+}
+
+// sleeps returns the timeouts of the waits that slept so far.
+func (r *fakeRing) sleeps() []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int64(nil), r.timeouts...)
 }
 
 func (r *fakeRing) next() (uint64, int32, bool) {
@@ -169,7 +191,11 @@ const (
 	nodeCancel = 5 // waits for its cancel channel, answers EINTR
 	nodeMixed  = 6 // as nodeHint at a non-zero offset, as nodeFast at 0
 	nodeCont   = 7 // as nodeHint, then says it goes on (stack.Continuing) and waits for a second release
+	nodeExpect = 8 // says it completes in expectIn (stack.Expecting) and waits, then waits for release or its cancel channel (EINTR)
 )
+
+// expectIn is how long nodeExpect's reads say they take.
+const expectIn = time.Millisecond
 
 // waitFS answers READs by node, telling started when a waiting read has
 // begun.
@@ -212,6 +238,16 @@ func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse
 		stack.Continuing(ctx)
 		f.started <- in.Unique
 		<-f.release
+	case nodeExpect:
+		ctx := f.srv.Context(cancel)
+		stack.Expecting(ctx, expectIn)
+		stack.Waiting(ctx)
+		f.started <- in.Unique
+		select {
+		case <-f.release:
+		case <-cancel:
+			return nil, fuse.EINTR
+		}
 	case nodeSilent:
 		f.started <- in.Unique
 		<-f.release
@@ -543,5 +579,155 @@ func TestPoller(t *testing.T) {
 	fixed.init(time.Millisecond)
 	if off.window() != 0 || fixed.window() != int64(time.Millisecond) {
 		t.Error("off or fixed polling")
+	}
+}
+
+// sleepsAfter waits until the queue's leader has slept more than n times
+// and is asleep, and returns the timeouts of all its sleeps.
+func (r *fakeRing) sleepsAfter(t *testing.T, q *queue, n int) []int64 {
+	t.Helper()
+	for range 10000 {
+		if sl := r.sleeps(); len(sl) > n && q.sleeping.Load() != 0 {
+			return sl
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("the leader did not sleep again after %d sleeps", n)
+	return nil
+}
+
+// TestExpectingArmsLeader: a request that says when it completes, alone on
+// its queue, lets the leader sleep with a timeout that ends expectMargin
+// before then; once the timer has fired the leader stays awake (spins, by
+// the server's clock, which does not move here) and commits the reply
+// without being woken for it. With nothing in flight it sleeps without a
+// timeout again.
+func TestExpectingArmsLeader(t *testing.T) {
+	s, r, fs, clk := newFakeServer(t, 4)
+	q := s.queues[0]
+	start := clk.Nanotime()
+	at := start + int64(expectIn)
+	n0 := len(r.sleeps())
+	r.read(100, nodeExpect)
+	<-fs.started
+	sl := r.sleepsAfter(t, q, n0)
+	if got, want := sl[len(sl)-1], at-s.expectMargin-start; got != want {
+		t.Fatalf("the leader sleeps with timeout %d, want %d (%v)", got, want, sl)
+	}
+	n := len(sl)
+	_, wakes := r.counts()
+	clk.Set(at - s.expectMargin)
+	r.fire()
+	for q.sleeping.Load() != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	fs.release <- struct{}{}
+	if p := r.reply(t); p.unique != 100 || p.status != 0 {
+		t.Fatalf("reply %+v", p)
+	}
+	if _, k := r.counts(); k != wakes {
+		t.Errorf("%d wakes for the expected reply, want none", k-wakes)
+	}
+	sl = r.sleepsAfter(t, q, n)
+	if len(sl) != n+1 || sl[n] != 0 {
+		t.Errorf("sleeps after the timer %v, want one without a timeout", sl[n:])
+	}
+}
+
+// TestExpectingExpires: an expected reply that does not come by the time
+// the leader's spin ends (expected time plus stack.ContinueLead) leaves the
+// leader asleep without a timeout, not spinning and not re-armed; the
+// request still completes (here: interrupted), and the next one arms the
+// leader again.
+func TestExpectingExpires(t *testing.T) {
+	s, r, fs, clk := newFakeServer(t, 4)
+	q := s.queues[0]
+	r.read(100, nodeExpect)
+	<-fs.started
+	sl := r.sleepsAfter(t, q, 0)
+	if sl[len(sl)-1] <= 0 {
+		t.Fatalf("sleeps %v: not armed", sl)
+	}
+	n := len(sl)
+	at := clk.Nanotime() + int64(expectIn)
+	clk.Set(at - s.expectMargin)
+	r.fire()
+	for q.sleeping.Load() != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	clk.Set(at + int64(stack.ContinueLead) + 1)
+	sl = r.sleepsAfter(t, q, n)
+	if len(sl) != n+1 || sl[n] != 0 {
+		t.Fatalf("sleeps after the expected time %v, want one without a timeout", sl[n:])
+	}
+	if !s.Interrupt(100) {
+		t.Fatal("no request 100")
+	}
+	if p := r.reply(t); p.unique != 100 || p.status != -int32(unix.EINTR) {
+		t.Fatalf("reply %+v", p)
+	}
+	n = len(r.sleeps())
+	r.read(102, nodeExpect)
+	<-fs.started
+	sl = r.sleepsAfter(t, q, n)
+	if got := sl[len(sl)-1]; got != int64(expectIn)-s.expectMargin {
+		t.Errorf("the next request's sleep: timeout %d, want %d (%v)", got, int64(expectIn)-s.expectMargin, sl[n:])
+	}
+}
+
+// TestExpectingDeepQueue: with two requests in flight the leader does not
+// arm itself for either (a deep queue's leader wakes often enough); the
+// second request, arriving while the leader sleeps armed for the first,
+// wakes it as any request does.
+func TestExpectingDeepQueue(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 4)
+	q := s.queues[0]
+	r.read(100, nodeExpect)
+	<-fs.started
+	sl := r.sleepsAfter(t, q, 0)
+	if sl[len(sl)-1] <= 0 {
+		t.Fatalf("sleeps %v: not armed for the only request", sl)
+	}
+	n := len(sl)
+	r.read(102, nodeExpect)
+	<-fs.started
+	sl = r.sleepsAfter(t, q, n)
+	for _, to := range sl[n:] {
+		if to != 0 {
+			t.Errorf("sleeps with two requests in flight %v, want no timeout", sl[n:])
+			break
+		}
+	}
+	close(fs.release)
+	seen := map[uint64]bool{}
+	for range 2 {
+		seen[r.reply(t).unique] = true
+	}
+	if !seen[100] || !seen[102] {
+		t.Errorf("replies %v", seen)
+	}
+}
+
+// TestExpectingOff: a negative Config.ExpectMargin turns the timed sleep
+// off.
+func TestExpectingOff(t *testing.T) {
+	cfg := Config{Depth: 2, PayloadSize: 8192, Poll: PollOff, ExpectMargin: -1}
+	s := newServer(cfg, []ring{newFakeRing()}, [][]byte{make([]byte, bufSize(cfg))})
+	q := s.queues[0]
+	e := &q.ent[0]
+	e.seq = 1
+	q.cur.Store(1)
+	q.inflight = 1
+	e.Expecting(expectIn)
+	if at := q.expected(); at != 0 {
+		t.Errorf("expected() = %d with expectations off", at)
+	}
+	s.expectMargin = int64(DefaultExpectMargin)
+	if at := q.expected(); at != e.expectAt.Load() || at == 0 {
+		t.Errorf("expected() = %d, want %d", at, e.expectAt.Load())
+	}
+	e.ended()
+	if at := q.expected(); at != 0 {
+		t.Errorf("expected() = %d after the request ended", at)
 	}
 }

@@ -30,6 +30,10 @@
 // (multipath over a fast and a slow path) costs no hand-off. A watchdog
 // does the same for a request that held the thread for 1 ms without saying
 // it waits.
+// A waiting request that says when it will complete (stack.Expecting), alone
+// on its queue, lets the queue's thread sleep with a timeout that ends
+// Config.ExpectMargin before then and spin for the reply, so that it need
+// not be woken from another CPU.
 //
 // Files: ring.go (the ring interface and the kernel's ring), queue.go (a
 // queue, its thread hand-off and its polling), watchdog.go, dispatch.go (an

@@ -23,7 +23,10 @@ import (
 // queue's list of finished entries, wakes the new leader to commit it, and
 // becomes a standby thread itself. A waiting request that says it is about
 // to complete (stack.Continuing, through entry.Continuing) wakes the leader
-// ahead of its reply, and the leader spins for it rather than sleep.
+// ahead of its reply, and the leader spins for it rather than sleep. One that
+// says when it will complete (stack.Expecting, through entry.Expecting) while
+// it is the queue's only request lets the leader sleep with a timeout that
+// ends expectMargin before then, and spin from there (see expected).
 type queue struct {
 	s     *Server
 	id    int
@@ -38,12 +41,15 @@ type queue struct {
 	dead     int
 	seq      uint64 // sequence number of the last request handled inline
 	poll     poller
+	inflight int   // requests reaped and not committed yet
+	expired  int64 // the last expected completion time the leader spun past
 
 	cur      atomic.Uint64 // sequence number of the leader's inline request; 0: none
 	tid      atomic.Int32  // the leader's thread id
 	curStart atomic.Int64  // when it started (Server.clock), for the watchdog
 	sleeping atomic.Int32
 	expect   atomic.Int64          // Server.clock time until which a reply is expected (stack.Continuing)
+	expectBy atomic.Pointer[entry] // the entry whose request last said when it completes (stack.Expecting)
 	done     atomic.Pointer[entry] // entries answered off the leader
 	stopping atomic.Bool
 
@@ -166,6 +172,7 @@ func (q *queue) promote() {
 
 // commit queues the reply held by e and re-arms e for the next request.
 func (q *queue) commit(e *entry) {
+	q.inflight--
 	if !q.r.commit(e) {
 		q.dead++
 	}
@@ -211,6 +218,7 @@ func (q *queue) reap() int {
 			continue
 		}
 		q.pending = append(q.pending, e)
+		q.inflight++
 		n++
 	}
 }
@@ -279,12 +287,29 @@ func (q *queue) lead() bool {
 			}
 			q.expect.CompareAndSwap(until, 0)
 		}
+		var timeout int64
+		if at := q.expected(); at != 0 {
+			// The queue's only request says when it completes:
+			// sleep until shortly before, then spin for it.
+			now := q.s.clock.Nanotime()
+			if wake := at - q.s.expectMargin; wake > now {
+				timeout = wake - now
+			} else {
+				if q.r.queued() > 0 {
+					q.r.submit()
+				}
+				if q.spin(at + int64(stack.ContinueLead) - now) {
+					continue
+				}
+				q.expired = at
+			}
+		}
 		q.sleeping.Store(1)
 		if q.done.Load() != nil || q.stopping.Load() {
 			q.sleeping.Store(0)
 			continue
 		}
-		if err := q.r.wait(); err != nil {
+		if err := q.r.wait(timeout); err != nil {
 			q.s.cfg.Logf("io_uring queue %d: io_uring_enter: %v", q.id, err)
 			q.sleeping.Store(0)
 			return false
@@ -392,6 +417,41 @@ func (e *entry) Continuing() {
 		}
 	}
 	q.wake()
+}
+
+// expected returns the time (Server.clock) at which the queue's only
+// request in flight said it would complete (entry.Expecting), or 0: there
+// is no such request, it has other requests in flight (a deep queue: its
+// leader wakes often enough, and a spin per request would take a CPU from
+// the application), expectations are off, or the leader already spun past
+// this time without the reply (a request that completes late, or never:
+// the leader then sleeps until woken, and an idle daemon burns no CPU). A
+// request's expectation ends with it (entry.ended).
+func (q *queue) expected() int64 {
+	if q.inflight != 1 || q.s.expectMargin < 0 {
+		return 0
+	}
+	e := q.expectBy.Load()
+	if e == nil {
+		return 0
+	}
+	at := e.expectAt.Load()
+	if at == q.expired {
+		return 0
+	}
+	return at
+}
+
+// Expecting implements stack.Expecter: the request held by e, which waits,
+// expects to complete d from now. A leader that sleeps without a timeout
+// is woken to set one.
+func (e *entry) Expecting(d time.Duration) {
+	q := e.q
+	e.expectAt.Store(q.s.clock.Nanotime() + int64(d))
+	q.expectBy.Store(e)
+	if q.cur.Load() != e.seq || e.seq == 0 {
+		q.wake() // off the leader: the leader may be asleep already
+	}
 }
 
 // poller decides how long the leader polls for its next request before it

@@ -19,8 +19,10 @@ const (
 	setupDeferTaskrun = 1 << 13
 
 	featSingleMmap = 1 << 0
+	featExtArg     = 1 << 8
 
 	enterGetEvents = 1 << 0
+	enterExtArg    = 1 << 3
 
 	offSQRing = 0
 	offCQRing = 0x8000000
@@ -50,6 +52,15 @@ type params struct {
 	cqOff                                                                  cqringOffsets
 }
 
+// geteventsArg is struct io_uring_getevents_arg, the argument of
+// io_uring_enter with IORING_ENTER_EXT_ARG.
+type geteventsArg struct {
+	sigmask     uint64
+	sigmaskSize uint32
+	minWaitUsec uint32
+	ts          uint64 // address of a struct __kernel_timespec
+}
+
 // cqe is a completion queue entry.
 type cqe struct {
 	userData uint64
@@ -72,8 +83,10 @@ type ring interface {
 	// submit hands the queued commands to the kernel without waiting.
 	submit() error
 	// wait submits the queued commands and blocks until a completion
-	// arrives or wake is called.
-	wait() error
+	// arrives or wake is called, or, if timeout > 0, until timeout
+	// nanoseconds have passed (at the earliest; on a ring without timed
+	// waits, only a completion or wake ends it).
+	wait(timeout int64) error
 	// next returns the oldest entry completion and consumes it; ok is
 	// false when none is waiting.
 	next() (idx uint64, res int32, ok bool)
@@ -97,6 +110,10 @@ type sysRing struct {
 	efdBuf   [8]byte
 	efdArmed bool
 	one      [8]byte
+
+	extArg bool // the kernel takes IORING_ENTER_EXT_ARG (timed waits)
+	arg    geteventsArg
+	ts     unix.Timespec
 
 	sqMem, cqMem, sqeMem []byte
 
@@ -123,6 +140,8 @@ func newSysRing(qid int, n uint32, flags uint32) (*sysRing, error) {
 	}
 	r := &sysRing{fd: int(fd), dev: -1, qid: uint16(qid), efd: -1}
 	r.one[0] = 1
+	r.extArg = p.features&featExtArg != 0
+	r.arg.ts = uint64(uintptr(unsafe.Pointer(&r.ts)))
 	if err := r.mmap(&p); err != nil {
 		r.close()
 		return nil, err
@@ -232,8 +251,9 @@ func (r *sysRing) submit() error {
 }
 
 // wait keeps a read of the eventfd pending, so that wake's write completes
-// it, and waits for one completion.
-func (r *sysRing) wait() error {
+// it, and waits for one completion, with a timeout (IORING_ENTER_EXT_ARG)
+// if timeout > 0. The kernel's wait timer has no slack: it ends on time.
+func (r *sysRing) wait(timeout int64) error {
 	if !r.efdArmed {
 		if sqe := r.getSQE(); sqe != nil {
 			put8(sqe, sqeOpcode, iouOpRead)
@@ -243,6 +263,11 @@ func (r *sysRing) wait() error {
 			put64(sqe, sqeUserData, udWake)
 			r.efdArmed = true
 		}
+	}
+	if timeout > 0 && r.extArg {
+		r.ts = unix.NsecToTimespec(timeout)
+		_, err := r.enterArg(1, enterExtArg, unsafe.Pointer(&r.arg), unsafe.Sizeof(r.arg))
+		return err
 	}
 	_, err := r.enter(1, 0)
 	return err
@@ -291,13 +316,22 @@ func (r *sysRing) getSQE() []byte {
 // enter submits what is queued and waits for at least minComplete
 // completions. EINTR (Go's preemption signals) is retried.
 func (r *sysRing) enter(minComplete uint32, flags uint32) (int, error) {
+	return r.enterArg(minComplete, flags, nil, 0)
+}
+
+// enterArg is enter with io_uring_enter's argument and its size. A wait
+// that timed out (ETIME) is no error.
+func (r *sysRing) enterArg(minComplete uint32, flags uint32, arg unsafe.Pointer, argSize uintptr) (int, error) {
 	if minComplete > 0 {
 		flags |= enterGetEvents
 	}
 	for {
-		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(r.toSubmit), uintptr(minComplete), uintptr(flags), 0, 0)
+		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(r.toSubmit), uintptr(minComplete), uintptr(flags), uintptr(arg), argSize)
 		if errno == unix.EINTR {
 			continue
+		}
+		if errno == unix.ETIME {
+			return 0, nil // nothing was submitted, or n would be the count
 		}
 		if errno != 0 {
 			return 0, errno

@@ -38,6 +38,8 @@ const (
 	// DefaultOffloadBytes is the smallest READ or WRITE that runs off
 	// the queue's thread (Config.OffloadBytes).
 	DefaultOffloadBytes = 64 << 10
+	// DefaultExpectMargin is Config.ExpectMargin's default.
+	DefaultExpectMargin = 200 * time.Microsecond
 	// takeoverAfter is how long a request may hold a queue's thread,
 	// without saying it waits, before the watchdog hands the queue to
 	// another thread.
@@ -94,6 +96,12 @@ type Config struct {
 	// them while requests are still waiting (DefaultSubmitBatch if 0);
 	// it submits what it has whenever it runs dry.
 	SubmitBatch int
+	// ExpectMargin: when a queue's only request says when it will
+	// complete (stack.Expecting), the queue's thread sleeps until this long
+	// before that time, then spins for the reply, so that it is awake to
+	// commit it at once and the application's CPU is awake to take it
+	// (DefaultExpectMargin if 0; negative: it sleeps until woken).
+	ExpectMargin time.Duration
 	// Logf reports problems; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -115,6 +123,8 @@ type Server struct {
 	queues []*queue
 	fd     int // our own duplicate of the /dev/fuse descriptor
 	fs     fuse.RawFileSystem
+
+	expectMargin int64 // Config.ExpectMargin, ns; negative: off
 
 	// byCancel maps each entry's cancel channel to the entry, for Context;
 	// replaced as a whole (under mu) when an interrupt renews a channel.
@@ -233,7 +243,10 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	if cfg.FUAContext == nil {
 		cfg.FUAContext = cfg.IOContext
 	}
-	s := &Server{cfg: cfg, clock: cfg.Clock, fd: -1, done: make(chan struct{})}
+	if cfg.ExpectMargin == 0 {
+		cfg.ExpectMargin = DefaultExpectMargin
+	}
+	s := &Server{cfg: cfg, clock: cfg.Clock, fd: -1, done: make(chan struct{}), expectMargin: int64(cfg.ExpectMargin)}
 	if unix.SchedGetaffinity(0, &s.cpus) != nil {
 		for i := range runtime.NumCPU() {
 			s.cpus.Set(i)

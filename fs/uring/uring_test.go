@@ -3,6 +3,7 @@ package uring
 import (
 	"os"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -123,5 +124,31 @@ func TestDispatch(t *testing.T) {
 	e.dispatch(fakeFS{})
 	if o, n := e.reply(); o.Status != -int32(fuse.ENOSYS) || n != 0 {
 		t.Errorf("STATX: %+v, %d bytes", o, n)
+	}
+}
+
+// TestRingTimedWait: a wait with a timeout on the kernel's ring returns
+// without error when the timeout passes with nothing to reap (ETIME), and
+// a wake still ends a wait without one.
+func TestRingTimedWait(t *testing.T) {
+	r, err := newSysRing(0, 4, 0)
+	if err != nil {
+		t.Skipf("no io_uring here: %v", err)
+	}
+	defer r.close()
+	if !r.extArg {
+		t.Skip("the kernel has no IORING_ENTER_EXT_ARG")
+	}
+	for range 3 {
+		if err := r.wait(int64(100 * time.Microsecond)); err != nil {
+			t.Fatalf("timed wait: %v", err)
+		}
+		if _, _, ok := r.next(); ok {
+			t.Fatal("a completion after a timed wait on an empty ring")
+		}
+	}
+	r.wake()
+	if err := r.wait(0); err != nil {
+		t.Fatalf("wait after wake: %v", err)
 	}
 }
