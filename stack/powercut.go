@@ -43,11 +43,12 @@ const pcSeedStream = 0x5eed_c0de_9e37_79b9
 
 // powercut is one constructed powercut target.
 //
-// Locks: mu guards the cache (list, index, counters) and is never held
-// during device I/O. wb orders what reaches the device: writing cached
+// Locks: mu guards the cache (ring, arena, index, counters) and is never
+// held during device I/O; a write's copy into the cache is made under it,
+// so that copies sit in the arena in arrival order. wb orders what reaches the device: writing cached
 // entries back (a flush, a destage, a cut) holds it exclusively, a FUA write
 // holds it shared. Entries are written back oldest first, always a prefix of
-// the list, so that overlapping writes reach the device in arrival order; a
+// the ring, so that overlapping writes reach the device in arrival order; a
 // FUA write masks the older cached entries it overlaps (holes), so that none
 // of them can later land on top of it.
 type powercut struct {
@@ -373,9 +374,11 @@ func (s *pcStore) item(i int64) pcItem {
 // every cached entry (so cache_sectors 0 is a disk without a volatile
 // cache). The cache lives in the daemon's memory: while the target lives
 // it accounts twice the bound in the daemon's memory plan (Ctor.Memory: the
-// cache, up to 9/8 of the bound, and the buffers its pools keep; dmfuse
-// mount raises its soft memory limit, --memory-limit, by that), so that a
-// full cache does not starve the rest of the daemon. A suspend writes the
+// cache, up to 9/8 of the bound, and the arena chunks it keeps for reuse;
+// dmfuse mount raises its soft memory limit, --memory-limit, by that), so
+// that a full cache does not starve the rest of the daemon. The copies are
+// allocated as the cache first fills, in chunks of up to 4 MiB, so a large
+// bound costs nothing until it is used. A suspend writes the
 // whole cache back, as dm-writecache does (so that a new table never loses
 // it); a power state belongs to one table and a new table starts powered on
 // with an empty cache.
