@@ -573,11 +573,10 @@ func (p *powercut) add(ctx context.Context, kind pcKind, off, n int64, b []byte)
 	p.mu.idx.put(off, off+n, p.mu.seq)
 	p.mu.sectors += sectors
 	p.ncached.Store(p.mu.c.count)
-	over := p.mu.sectors > p.limit
-	p.mu.Unlock()
-	if over {
-		return p.makeRoom(ctx)
+	if p.mu.sectors > p.limit {
+		return p.makeRoomLocked(ctx)
 	}
+	p.mu.Unlock()
 	return nil
 }
 
@@ -585,13 +584,14 @@ func (p *powercut) add(ctx context.Context, kind pcKind, off, n int64, b []byte)
 // of the bound.
 func (p *powercut) hard() int64 { return p.limit + p.limit/8 }
 
-// makeRoom returns at once if the cache is within its bound; else, while
+// makeRoomLocked, called with mu held, unlocks it and returns at once if
+// the cache is within its bound; else, while
 // another write destages, at once if the cache is within 9/8 of its bound,
 // else once that destage has brought it back there; else after destaging
 // itself. The writes that come while one destages thus go on as long as
-// the write-back keeps up, and wake once each when it does not.
-func (p *powercut) makeRoom(ctx context.Context) error {
-	p.mu.Lock()
+// the write-back keeps up, and wake once each when it does not; a write
+// into a full cache takes mu once.
+func (p *powercut) makeRoomLocked(ctx context.Context) error {
 	for p.mu.sectors > p.hard() && p.mu.destaging && !p.down.Load() {
 		p.mu.waiters++
 		p.mu.room.Wait()
