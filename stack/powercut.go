@@ -45,9 +45,9 @@ const pcSeedStream = 0x5eed_c0de_9e37_79b9
 //
 // Locks: mu guards the cache (ring, arena, index, counters) and is never
 // held during device I/O; a write's copy into the cache is made under it,
-// so that copies sit in the arena in arrival order. wb orders what reaches the device: writing cached
-// entries back (a flush, a destage, a cut) holds it exclusively, a FUA write
-// holds it shared. Entries are written back oldest first, always a prefix of
+// so that copies sit in the arena in arrival order. wb orders what reaches
+// the device: writing cached entries back (a flush, a destage, a cut) holds
+// it exclusively, a FUA write holds it shared. Entries are written back oldest first, always a prefix of
 // the ring, so that overlapping writes reach the device in arrival order; a
 // FUA write masks the older cached entries it overlaps (holes), so that none
 // of them can later land on top of it.
@@ -378,10 +378,10 @@ func (s *pcStore) item(i int64) pcItem {
 // dmfuse mount raises its soft memory limit, --memory-limit, by that), so
 // that a full cache does not starve the rest of the daemon. The copies are
 // allocated as the cache first fills, in chunks of up to 4 MiB, so a large
-// bound costs nothing until it is used. A suspend writes the
-// whole cache back, as dm-writecache does (so that a new table never loses
-// it); a power state belongs to one table and a new table starts powered on
-// with an empty cache.
+// bound costs nothing until it is used. A suspend writes the whole cache
+// back, as dm-writecache does (so that a new table never loses it); a power
+// state belongs to one table and a new table starts powered on with an
+// empty cache.
 //
 // Messages (verbs case-insensitive):
 //
@@ -585,10 +585,9 @@ func (p *powercut) add(ctx context.Context, kind pcKind, off, n int64, b []byte)
 func (p *powercut) hard() int64 { return p.limit + p.limit/8 }
 
 // makeRoomLocked, called with mu held, unlocks it and returns at once if
-// the cache is within its bound; else, while
-// another write destages, at once if the cache is within 9/8 of its bound,
-// else once that destage has brought it back there; else after destaging
-// itself. The writes that come while one destages thus go on as long as
+// the cache is within its bound; else, while another write destages, at
+// once if the cache is within 9/8 of its bound, else once that destage has
+// brought it back there; else after destaging itself. The writes that come while one destages thus go on as long as
 // the write-back keeps up, and wake once each when it does not; a write
 // into a full cache takes mu once.
 func (p *powercut) makeRoomLocked(ctx context.Context) error {
