@@ -27,6 +27,7 @@ type fakeRing struct {
 	woken   bool
 	replies chan fakeReply
 	waits   int // calls of wait that slept
+	asleep  int // waits that slept and have not returned yet
 	wakes   int // calls of wake
 	closed  atomic.Bool
 
@@ -84,13 +85,18 @@ func (r *fakeRing) wait(timeout int64) error {
 	r.submit()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.cq) == 0 && !r.woken {
+	slept := len(r.cq) == 0 && !r.woken
+	if slept {
 		r.waits++
 		r.timeouts = append(r.timeouts, timeout)
 		r.fired = false
+		r.asleep++
 	}
 	for len(r.cq) == 0 && !r.woken && !(timeout > 0 && r.fired) {
 		r.cond.Wait()
+	}
+	if slept {
+		r.asleep--
 	}
 	r.woken, r.fired = false, false
 	return nil
@@ -584,10 +590,13 @@ func TestPoller(t *testing.T) {
 
 // sleepsAfter waits until the queue's leader has slept more than n times
 // and is asleep, and returns the timeouts of all its sleeps.
-func (r *fakeRing) sleepsAfter(t *testing.T, q *queue, n int) []int64 {
+func (r *fakeRing) sleepsAfter(t *testing.T, n int) []int64 {
 	t.Helper()
 	for range 10000 {
-		if sl := r.sleeps(); len(sl) > n && q.sleeping.Load() != 0 {
+		r.mu.Lock()
+		sl, asleep := append([]int64(nil), r.timeouts...), r.asleep > 0
+		r.mu.Unlock()
+		if len(sl) > n && asleep {
 			return sl
 		}
 		time.Sleep(time.Millisecond)
@@ -610,7 +619,7 @@ func TestExpectingArmsLeader(t *testing.T) {
 	n0 := len(r.sleeps())
 	r.read(100, nodeExpect)
 	<-fs.started
-	sl := r.sleepsAfter(t, q, n0)
+	sl := r.sleepsAfter(t, n0)
 	if got, want := sl[len(sl)-1], at-s.expectMargin-start; got != want {
 		t.Fatalf("the leader sleeps with timeout %d, want %d (%v)", got, want, sl)
 	}
@@ -628,7 +637,7 @@ func TestExpectingArmsLeader(t *testing.T) {
 	if _, k := r.counts(); k != wakes {
 		t.Errorf("%d wakes for the expected reply, want none", k-wakes)
 	}
-	sl = r.sleepsAfter(t, q, n)
+	sl = r.sleepsAfter(t, n)
 	if len(sl) != n+1 || sl[n] != 0 {
 		t.Errorf("sleeps after the timer %v, want one without a timeout", sl[n:])
 	}
@@ -644,7 +653,7 @@ func TestExpectingExpires(t *testing.T) {
 	q := s.queues[0]
 	r.read(100, nodeExpect)
 	<-fs.started
-	sl := r.sleepsAfter(t, q, 0)
+	sl := r.sleepsAfter(t, 0)
 	if sl[len(sl)-1] <= 0 {
 		t.Fatalf("sleeps %v: not armed", sl)
 	}
@@ -656,7 +665,7 @@ func TestExpectingExpires(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	clk.Set(at + int64(stack.ContinueLead) + 1)
-	sl = r.sleepsAfter(t, q, n)
+	sl = r.sleepsAfter(t, n)
 	if len(sl) != n+1 || sl[n] != 0 {
 		t.Fatalf("sleeps after the expected time %v, want one without a timeout", sl[n:])
 	}
@@ -669,7 +678,7 @@ func TestExpectingExpires(t *testing.T) {
 	n = len(r.sleeps())
 	r.read(102, nodeExpect)
 	<-fs.started
-	sl = r.sleepsAfter(t, q, n)
+	sl = r.sleepsAfter(t, n)
 	if got := sl[len(sl)-1]; got != int64(expectIn)-s.expectMargin {
 		t.Errorf("the next request's sleep: timeout %d, want %d (%v)", got, int64(expectIn)-s.expectMargin, sl[n:])
 	}
@@ -680,18 +689,17 @@ func TestExpectingExpires(t *testing.T) {
 // second request, arriving while the leader sleeps armed for the first,
 // wakes it as any request does.
 func TestExpectingDeepQueue(t *testing.T) {
-	s, r, fs, _ := newFakeServer(t, 4)
-	q := s.queues[0]
+	_, r, fs, _ := newFakeServer(t, 4)
 	r.read(100, nodeExpect)
 	<-fs.started
-	sl := r.sleepsAfter(t, q, 0)
+	sl := r.sleepsAfter(t, 0)
 	if sl[len(sl)-1] <= 0 {
 		t.Fatalf("sleeps %v: not armed for the only request", sl)
 	}
 	n := len(sl)
 	r.read(102, nodeExpect)
 	<-fs.started
-	sl = r.sleepsAfter(t, q, n)
+	sl = r.sleepsAfter(t, n)
 	for _, to := range sl[n:] {
 		if to != 0 {
 			t.Errorf("sleeps with two requests in flight %v, want no timeout", sl[n:])
