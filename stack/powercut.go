@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -43,12 +44,11 @@ const pcSeedStream = 0x5eed_c0de_9e37_79b9
 
 // powercut is one constructed powercut target.
 //
-// Locks: mu guards the cache (ring, arena, index, counters) and is never
-// held during device I/O; a write's copy into the cache is made under it,
-// so that copies sit in the arena in arrival order. wb orders what reaches
-// the device: writing cached entries back (a flush, a destage, a cut) holds
-// it exclusively, a FUA write holds it shared. Entries are written back oldest first, always a prefix of
-// the ring, so that overlapping writes reach the device in arrival order; a
+// Locks: mu guards the cache (list, index, counters) and is never held
+// during device I/O. wb orders what reaches the device: writing cached
+// entries back (a flush, a destage, a cut) holds it exclusively, a FUA write
+// holds it shared. Entries are written back oldest first, always a prefix of
+// the list, so that overlapping writes reach the device in arrival order; a
 // FUA write masks the older cached entries it overlaps (holes), so that none
 // of them can later land on top of it.
 type powercut struct {
@@ -73,9 +73,10 @@ type powercut struct {
 
 	mu struct {
 		sync.Mutex
-		c       pcStore // the cached entries, in arrival order
-		sectors int64   // sectors they cover
-		seq     uint64  // last entry's number
+		head, tail *pcEntry // arrival order
+		count      int64    // entries cached
+		sectors    int64    // sectors they cover
+		seq        uint64   // last entry's number
 		// gen changes whenever data leaves the index without being newer:
 		// written back, masked by a FUA write, or cut. A read that went to
 		// the device without mu held tries again when it changed.
@@ -120,29 +121,29 @@ var pcKindNames = [...]string{pcWrite: "write", pcDiscard: "discard", pcZeroes: 
 // pcSpan is a byte range [off, end) of the segment.
 type pcSpan struct{ off, end int64 }
 
-// pcEntry is one cached request, a plain struct in the cache's ring: it
-// holds no pointer, so that the collector has nothing to scan in a full
-// cache. Its number (seq) is its place in arrival order; the ring finds it
-// from that.
+// pcEntry is one cached request. Everything but next and holes is fixed
+// once it is in the list.
 type pcEntry struct {
-	off, end int64 // segment bytes
-	// pcWrite: the cached copy, end-off bytes at at in arena chunk chunk;
-	// chunk -1 when it is larger than a chunk (the store's big map).
-	chunk int32
-	at    int32
-	kind  pcKind
+	next *pcEntry
+	seq  uint64
+	kind pcKind
+	off  int64  // segment bytes
+	end  int64  // segment bytes
+	data []byte // pcWrite: the cached copy, end-off bytes
+	buf  *[]byte
+	// holes are the parts a later FUA write replaced on the device: never
+	// written back. Sorted, disjoint. Changed under wb (shared) and mu.
+	holes []pcSpan
 }
 
 // sectors is the number of sectors e touches.
-func (e *pcEntry) sectors() int64 { return pcSectors(e.off, e.end) }
-
-// pcSectors is the number of sectors [off, end) touches.
-func pcSectors(off, end int64) int64 {
-	return (end+SectorSize-1)/SectorSize - off/SectorSize
+func (e *pcEntry) sectors() int64 {
+	return (e.end+SectorSize-1)/SectorSize - e.off/SectorSize
 }
 
-// pcMask adds [a, b) to the sorted, disjoint holes h.
-func pcMask(h []pcSpan, a, b int64) []pcSpan {
+// mask adds [a, b) to e's holes.
+func (e *pcEntry) mask(a, b int64) {
+	h := e.holes
 	i := 0
 	for i < len(h) && h[i].end < a {
 		i++
@@ -152,13 +153,13 @@ func pcMask(h []pcSpan, a, b int64) []pcSpan {
 		a, b = min(a, h[j].off), max(b, h[j].end)
 		j++
 	}
-	return slices.Replace(h, i, j, pcSpan{a, b})
+	e.holes = slices.Replace(h, i, j, pcSpan{a, b})
 }
 
-// pcPieces calls f for each part of [off, off+keep) that is not in holes.
-func pcPieces(off, keep int64, holes []pcSpan, f func(a, b int64) error) error {
-	a, end := off, off+keep
-	for _, h := range holes {
+// pieces calls f for each part of [e.off, e.off+keep) that is not a hole.
+func (e *pcEntry) pieces(keep int64, f func(a, b int64) error) error {
+	a, end := e.off, e.off+keep
+	for _, h := range e.holes {
 		if h.off >= end {
 			break
 		}
@@ -175,185 +176,62 @@ func pcPieces(off, keep int64, holes []pcSpan, f func(a, b int64) error) error {
 	return nil
 }
 
-// pcChunkMax and pcChunkMin bound the size of an arena chunk: the cache's
-// bound, within them.
-const (
-	pcChunkMax = 4 << 20
-	pcChunkMin = 64 << 10
+// pcBufClasses are the pooled sizes of cached copies: 512 B << i.
+const pcBufClasses = 12 // up to 1 MiB, the largest FUSE write
+
+var (
+	pcEntryPool = sync.Pool{New: func() any { return new(pcEntry) }}
+	pcBufPools  [pcBufClasses]sync.Pool
 )
 
-// pcArena holds the cached copies, in chunks allocated as the cache first
-// fills (a huge bound allocates nothing up front). Copies are placed one
-// after the other in the current chunk, in arrival order, and leave in
-// arrival order too (write-back takes the oldest first), so a chunk empties
-// as a whole and is used again: no pool, no per-copy allocation, and no
-// pointer the collector would scan.
-type pcArena struct {
-	size   int      // chunk size, bytes
-	chunks [][]byte // each size bytes
-	live   []int32  // copies in each chunk
-	free   []int32  // empty chunks other than cur
-	cur    int32    // chunk copies go to, -1 before the first
-	used   int      // bytes of cur taken
-}
-
-func (a *pcArena) init(limit int64) {
-	a.size = int(min(pcChunkMax, max(pcChunkMin, limit*SectorSize)))
-	a.cur = -1
-}
-
-// alloc takes n bytes, n at most a.size, and returns where.
-func (a *pcArena) alloc(n int) (chunk, at int32) {
-	if a.cur < 0 || a.used+n > a.size {
-		if a.cur >= 0 && a.live[a.cur] == 0 {
-			a.free = append(a.free, a.cur)
-		}
-		if k := len(a.free); k > 0 {
-			a.cur, a.free = a.free[k-1], a.free[:k-1]
-		} else {
-			a.cur = int32(len(a.chunks))
-			a.chunks = append(a.chunks, make([]byte, a.size))
-			a.live = append(a.live, 0)
-		}
-		a.used = 0
+// pcGetBuf returns a buffer of at least n bytes, from a pool when n is at
+// most 1 MiB.
+func pcGetBuf(n int) *[]byte {
+	c := pcBufClass(n)
+	if c >= pcBufClasses {
+		b := make([]byte, n)
+		return &b
 	}
-	chunk, at = a.cur, int32(a.used)
-	a.used += n
-	a.live[chunk]++
-	return chunk, at
+	if bp, ok := pcBufPools[c].Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, SectorSize<<c)
+	return &b
 }
 
-// release gives back a copy in chunk c.
-func (a *pcArena) release(c int32) {
-	if a.live[c]--; a.live[c] > 0 {
-		return
-	}
-	if c == a.cur {
-		a.used = 0
-	} else {
-		a.free = append(a.free, c)
+// pcPutBuf returns bp, of capacity size, to its pool. The caller passes the
+// capacity it knows, so that a free does not load the slice header bp
+// points to (a cache miss per entry in a full cache).
+func pcPutBuf(bp *[]byte, size int) {
+	if c := pcBufClass(size); c < pcBufClasses && size == SectorSize<<c {
+		pcBufPools[c].Put(bp)
 	}
 }
 
-// reset gives back every copy, keeping the chunks.
-func (a *pcArena) reset() {
-	a.free = a.free[:0]
-	for c := range a.chunks {
-		a.live[c] = 0
-		a.free = append(a.free, int32(c))
+// pcBufClass is the smallest class holding n bytes.
+func pcBufClass(n int) int {
+	if n <= SectorSize {
+		return 0
 	}
-	a.cur, a.used = -1, 0
+	return bits.Len(uint((n - 1) / SectorSize)) // ceil(log2(n/512))
 }
 
-// pcStore is the cache's content: the entries in arrival order in a ring,
-// their copies in an arena, and the rare parts that are not plain data
-// (holes, copies larger than an arena chunk) in maps by entry number.
-type pcStore struct {
-	ring  []pcEntry // the oldest at head; len a power of two, or 0
-	head  int
-	count int64
-	first uint64 // number of the oldest entry, when count > 0
-	arena pcArena
-	// holes are the parts of an entry a later FUA write replaced on the
-	// device: never written back. Sorted, disjoint. Changed under wb
-	// (shared) and mu.
-	holes map[uint64][]pcSpan
-	big   map[uint64][]byte // copies larger than an arena chunk
+func pcNewEntry(kind pcKind, off, n int64) *pcEntry {
+	e := pcEntryPool.Get().(*pcEntry)
+	e.kind, e.off, e.end = kind, off, off+n
+	if kind == pcWrite {
+		e.buf = pcGetBuf(int(n))
+		e.data = (*e.buf)[:n]
+	}
+	return e
 }
 
-// at returns the i-th oldest entry.
-func (s *pcStore) at(i int64) *pcEntry {
-	return &s.ring[(s.head+int(i))&(len(s.ring)-1)]
-}
-
-// entry returns entry number seq, which is cached.
-func (s *pcStore) entry(seq uint64) *pcEntry { return s.at(int64(seq - s.first)) }
-
-// data returns the cached copy of entry number seq, e.
-func (s *pcStore) data(seq uint64, e *pcEntry) []byte {
-	if e.chunk < 0 {
-		return s.big[seq]
+func pcFreeEntry(e *pcEntry) {
+	if e.buf != nil {
+		pcPutBuf(e.buf, cap(e.data))
 	}
-	return s.arena.chunks[e.chunk][e.at : int64(e.at)+e.end-e.off]
-}
-
-// push caches an entry numbered seq, copying b (kind pcWrite) into the
-// arena.
-func (s *pcStore) push(seq uint64, kind pcKind, off, end int64, b []byte) {
-	if s.count == int64(len(s.ring)) {
-		ring := make([]pcEntry, max(64, 2*len(s.ring)))
-		for i := range s.count {
-			ring[i] = *s.at(i)
-		}
-		s.ring, s.head = ring, 0
-	}
-	if s.count == 0 {
-		s.first = seq
-	}
-	e := s.at(s.count)
-	*e = pcEntry{off: off, end: end, kind: kind}
-	s.count++
-	if kind != pcWrite {
-		return
-	}
-	if len(b) > s.arena.size {
-		if s.big == nil {
-			s.big = make(map[uint64][]byte)
-		}
-		s.big[seq] = slices.Clone(b)
-		e.chunk = -1
-		return
-	}
-	e.chunk, e.at = s.arena.alloc(len(b))
-	copy(s.arena.chunks[e.chunk][e.at:], b)
-}
-
-// pop drops the oldest entry.
-func (s *pcStore) pop() {
-	e := &s.ring[s.head]
-	if e.kind == pcWrite {
-		if e.chunk < 0 {
-			delete(s.big, s.first)
-		} else {
-			s.arena.release(e.chunk)
-		}
-	}
-	if len(s.holes) > 0 {
-		delete(s.holes, s.first)
-	}
-	s.head = (s.head + 1) & (len(s.ring) - 1)
-	s.count--
-	s.first++
-}
-
-// reset empties the store, keeping its ring and arena chunks.
-func (s *pcStore) reset() {
-	s.head, s.count = 0, 0
-	s.arena.reset()
-	clear(s.holes)
-	clear(s.big)
-}
-
-// pcItem is an entry taken out of the store for a write-back, with what it
-// needs from the store.
-type pcItem struct {
-	e     pcEntry
-	data  []byte
-	holes []pcSpan
-}
-
-// item returns the i-th oldest entry as a pcItem.
-func (s *pcStore) item(i int64) pcItem {
-	e := s.at(i)
-	it := pcItem{e: *e}
-	seq := s.first + uint64(i)
-	if e.kind == pcWrite {
-		it.data = s.data(seq, e)
-	}
-	if len(s.holes) > 0 {
-		it.holes = s.holes[seq]
-	}
-	return it
+	*e = pcEntry{holes: e.holes[:0]}
+	pcEntryPool.Put(e)
 }
 
 // newPowercut constructs a powercut target. Table syntax:
@@ -374,14 +252,12 @@ func (s *pcStore) item(i int64) pcItem {
 // every cached entry (so cache_sectors 0 is a disk without a volatile
 // cache). The cache lives in the daemon's memory: while the target lives
 // it accounts twice the bound in the daemon's memory plan (Ctor.Memory: the
-// cache, up to 9/8 of the bound, and the arena chunks it keeps for reuse;
-// dmfuse mount raises its soft memory limit, --memory-limit, by that), so
-// that a full cache does not starve the rest of the daemon. The copies are
-// allocated as the cache first fills, in chunks of up to 4 MiB, so a large
-// bound costs nothing until it is used. A suspend writes the whole cache
-// back, as dm-writecache does (so that a new table never loses it); a power
-// state belongs to one table and a new table starts powered on with an
-// empty cache.
+// cache, up to 9/8 of the bound, and the buffers its pools keep; dmfuse
+// mount raises its soft memory limit, --memory-limit, by that), so that a
+// full cache does not starve the rest of the daemon. A suspend writes the
+// whole cache back, as dm-writecache does (so that a new table never loses
+// it); a power state belongs to one table and a new table starts powered on
+// with an empty cache.
 //
 // Messages (verbs case-insensitive):
 //
@@ -459,7 +335,6 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 	}
 	p.mu.lastMode = "none"
 	p.mu.idx.init(c.Len * SectorSize)
-	p.mu.c.arena.init(p.limit)
 	p.mu.room.L = &p.mu.Mutex
 	return p, nil
 }
@@ -483,7 +358,7 @@ func (p *powercut) ReadAt(ctx context.Context, b []byte, off int64) (int, error)
 			return 0, syscall.EIO
 		}
 		if p.mu.idx.covers(off, end) {
-			p.mu.idx.read(b, off, &p.mu.c)
+			p.mu.idx.read(b, off)
 			p.mu.Unlock()
 			return len(b), nil
 		}
@@ -504,7 +379,7 @@ func (p *powercut) ReadAt(ctx context.Context, b []byte, off int64) (int, error)
 		p.mu.Lock()
 		ok := p.mu.gen == gen || held
 		if ok {
-			p.mu.idx.read(b, off, &p.mu.c)
+			p.mu.idx.read(b, off)
 		}
 		p.mu.Unlock()
 		if held {
@@ -528,7 +403,9 @@ func (p *powercut) WriteAt(ctx context.Context, b []byte, off int64) (int, error
 	if FUA(ctx) {
 		return p.writeFUA(ctx, b, off)
 	}
-	if err := p.add(ctx, pcWrite, off, int64(len(b)), b); err != nil {
+	e := pcNewEntry(pcWrite, off, int64(len(b)))
+	copy(e.data, b)
+	if err := p.add(ctx, e); err != nil {
 		return 0, err
 	}
 	return len(b), nil
@@ -552,31 +429,38 @@ func (p *powercut) span(ctx context.Context, kind pcKind, off, n int64) error {
 	if n <= 0 {
 		return nil
 	}
-	return p.add(ctx, kind, off, n, nil)
+	return p.add(ctx, pcNewEntry(kind, off, n))
 }
 
-// add caches [off, off+n) of kind (pcWrite: copying b into the cache, in
-// arrival order under mu), or writes it through when it is larger than the
-// cache, and destages the oldest entries while the cache is over its bound.
-func (p *powercut) add(ctx context.Context, kind pcKind, off, n int64, b []byte) error {
-	sectors := pcSectors(off, off+n)
-	if sectors > p.limit {
-		return p.writeThrough(ctx, pcItem{e: pcEntry{off: off, end: off + n, kind: kind}, data: b})
+// add caches e, or writes it through when it is larger than the cache, and
+// destages the oldest entries while the cache is over its bound.
+func (p *powercut) add(ctx context.Context, e *pcEntry) error {
+	if e.sectors() > p.limit {
+		return p.writeThrough(ctx, e)
 	}
 	p.mu.Lock()
 	if p.down.Load() {
 		p.mu.Unlock()
+		pcFreeEntry(e)
 		return syscall.EIO
 	}
 	p.mu.seq++
-	p.mu.c.push(p.mu.seq, kind, off, off+n, b)
-	p.mu.idx.put(off, off+n, p.mu.seq)
-	p.mu.sectors += sectors
-	p.ncached.Store(p.mu.c.count)
-	if p.mu.sectors > p.limit {
-		return p.makeRoomLocked(ctx)
+	e.seq = p.mu.seq
+	if p.mu.tail == nil {
+		p.mu.head = e
+	} else {
+		p.mu.tail.next = e
 	}
+	p.mu.tail = e
+	p.mu.idx.put(e.off, e.end, e)
+	p.mu.count++
+	p.mu.sectors += e.sectors()
+	p.ncached.Store(p.mu.count)
+	over := p.mu.sectors > p.limit
 	p.mu.Unlock()
+	if over {
+		return p.makeRoom(ctx)
+	}
 	return nil
 }
 
@@ -584,13 +468,13 @@ func (p *powercut) add(ctx context.Context, kind pcKind, off, n int64, b []byte)
 // of the bound.
 func (p *powercut) hard() int64 { return p.limit + p.limit/8 }
 
-// makeRoomLocked, called with mu held, unlocks it and returns at once if
-// the cache is within its bound; else, while another write destages, at
-// once if the cache is within 9/8 of its bound, else once that destage has
-// brought it back there; else after destaging itself. The writes that come while one destages thus go on as long as
-// the write-back keeps up, and wake once each when it does not; a write
-// into a full cache takes mu once.
-func (p *powercut) makeRoomLocked(ctx context.Context) error {
+// makeRoom returns at once if the cache is within its bound; else, while
+// another write destages, at once if the cache is within 9/8 of its bound,
+// else once that destage has brought it back there; else after destaging
+// itself. The writes that come while one destages thus go on as long as
+// the write-back keeps up, and wake once each when it does not.
+func (p *powercut) makeRoom(ctx context.Context) error {
+	p.mu.Lock()
 	for p.mu.sectors > p.hard() && p.mu.destaging && !p.down.Load() {
 		p.mu.waiters++
 		p.mu.room.Wait()
@@ -627,23 +511,25 @@ func (p *powercut) destage(ctx context.Context) error {
 	}
 	k := int64(0)
 	if p.mu.sectors > p.limit {
-		for excess := p.mu.sectors - (p.limit - p.limit/8); excess > 0 && k < p.mu.c.count; k++ {
-			excess -= p.mu.c.at(k).sectors()
+		for e, excess := p.mu.head, p.mu.sectors-(p.limit-p.limit/8); excess > 0 && e != nil; e = e.next {
+			excess -= e.sectors()
+			k++
 		}
 	}
 	p.mu.Unlock()
 	return p.writeBack(ctx, k)
 }
 
-// writeThrough writes it, larger than the cache, to the device after every
-// cached entry.
-func (p *powercut) writeThrough(ctx context.Context, it pcItem) error {
+// writeThrough writes e, larger than the cache, to the device after every
+// cached entry, and frees it.
+func (p *powercut) writeThrough(ctx context.Context, e *pcEntry) error {
+	defer pcFreeEntry(e)
 	p.wb.Lock()
 	defer p.wb.Unlock()
 	if err := p.writeBackAllLocked(ctx); err != nil {
 		return err
 	}
-	return p.writeEntry(ctx, &it, it.e.end-it.e.off)
+	return p.writeEntry(ctx, e, e.end-e.off)
 }
 
 // writeFUA writes b through to the device and masks the cached entries it
@@ -660,17 +546,13 @@ func (p *powercut) writeFUA(ctx context.Context, b []byte, off int64) (int, erro
 	}
 	end := off + int64(len(b))
 	p.mu.Lock()
-	if c := &p.mu.c; c.count > 0 {
-		for i := range c.count {
-			if e := c.at(i); e.off < end && off < e.end {
-				if c.holes == nil {
-					c.holes = make(map[uint64][]pcSpan)
-				}
-				seq := c.first + uint64(i)
-				c.holes[seq] = pcMask(c.holes[seq], max(e.off, off), min(e.end, end))
+	if p.mu.count > 0 {
+		for e := p.mu.head; e != nil; e = e.next {
+			if e.off < end && off < e.end {
+				e.mask(max(e.off, off), min(e.end, end))
 			}
 		}
-		p.mu.idx.clear(off, end, 0)
+		p.mu.idx.clear(off, end, nil)
 		p.mu.gen++
 	}
 	p.mu.Unlock()
@@ -704,7 +586,7 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 		p.mu.Unlock()
 		return syscall.EIO
 	}
-	k := p.mu.c.count
+	k := p.mu.count
 	p.mu.Unlock()
 	return p.writeBack(ctx, k)
 }
@@ -716,26 +598,23 @@ const pcWriteBackBatch = 32
 
 // writeBack writes the k oldest entries to the device in order, dropping
 // them from the cache pcWriteBackBatch at a time. The caller holds wb
-// exclusively: nothing else takes entries off the head of the ring, and
-// their copies stay where they are until drop.
+// exclusively: nothing else takes entries off the head of the list.
 func (p *powercut) writeBack(ctx context.Context, k int64) error {
-	var batch [pcWriteBackBatch]pcItem
 	for k > 0 {
-		n := min(k, pcWriteBackBatch)
 		p.mu.Lock()
-		for i := range n {
-			batch[i] = p.mu.c.item(i)
-		}
+		first := p.mu.head
 		p.mu.Unlock()
+		n := min(k, pcWriteBackBatch)
 		var err error
 		done := int64(0)
-		for ; done < n; done++ {
-			it := &batch[done]
-			if err = p.writeEntry(ctx, it, it.e.end-it.e.off); err != nil {
+		for e := first; ; e = e.next {
+			if err = p.writeEntry(ctx, e, e.end-e.off); err != nil {
+				break
+			}
+			if done++; done == n {
 				break
 			}
 		}
-		clear(batch[:n])
 		p.drop(done)
 		if err != nil {
 			return err
@@ -745,42 +624,51 @@ func (p *powercut) writeBack(ctx context.Context, k int64) error {
 	return nil
 }
 
-// drop takes the k oldest entries, written back, off the cache.
+// drop takes the k oldest entries, written back, off the cache and frees
+// them.
 func (p *powercut) drop(k int64) {
 	if k == 0 {
 		return
 	}
 	p.mu.Lock()
-	c := &p.mu.c
+	first, e := p.mu.head, p.mu.head
 	var sectors int64
 	for range k {
-		e := &c.ring[c.head]
-		p.mu.idx.clear(e.off, e.end, c.first)
+		p.mu.idx.clear(e.off, e.end, e)
 		sectors += e.sectors()
-		c.pop()
+		e = e.next
 	}
+	p.mu.head = e
+	if e == nil {
+		p.mu.tail = nil
+	}
+	p.mu.count -= k
 	p.mu.sectors -= sectors
 	p.mu.gen++
-	p.ncached.Store(c.count)
+	p.ncached.Store(p.mu.count)
 	if p.mu.waiters > 0 && p.mu.sectors <= p.hard() {
 		p.mu.room.Broadcast()
 	}
 	p.mu.Unlock()
 	p.destaged.Add(uint64(k))
+	for e = first; k > 0; k-- {
+		next := e.next
+		pcFreeEntry(e)
+		e = next
+	}
 }
 
-// writeEntry applies the first keep bytes of it to the device, less its
+// writeEntry applies the first keep bytes of e to the device, less its
 // holes.
-func (p *powercut) writeEntry(ctx context.Context, it *pcItem, keep int64) error {
-	e := &it.e
-	return pcPieces(e.off, keep, it.holes, func(a, b int64) error {
+func (p *powercut) writeEntry(ctx context.Context, e *pcEntry, keep int64) error {
+	return e.pieces(keep, func(a, b int64) error {
 		switch e.kind {
 		case pcDiscard:
 			return p.dev.Discard(ctx, p.start+a, b-a)
 		case pcZeroes:
 			return p.dev.WriteZeroes(ctx, p.start+a, b-a)
 		}
-		_, err := p.dev.WriteAt(ctx, it.data[a-e.off:b-e.off], p.start+a)
+		_, err := p.dev.WriteAt(ctx, e.data[a-e.off:b-e.off], p.start+a)
 		return err
 	})
 }
@@ -870,12 +758,9 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 		return "", pcMsgError("power_cut: the power is already off")
 	}
 	p.down.Store(true)
-	// The cache leaves under mu; what survives is written from it
-	// outside mu (wb keeps write-backs and FUA writes out meanwhile).
-	st, k, sectors := p.mu.c, p.mu.c.count, p.mu.sectors
-	p.mu.c = pcStore{}
-	p.mu.c.arena.init(p.limit)
-	p.mu.sectors = 0
+	first, k, sectors := p.mu.head, p.mu.count, p.mu.sectors
+	p.mu.head, p.mu.tail = nil, nil
+	p.mu.count, p.mu.sectors = 0, 0
 	p.ncached.Store(0)
 	p.mu.idx.reset()
 	p.mu.gen++
@@ -887,9 +772,8 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 	rng := rand.New(rand.NewPCG(seed, pcSeedStream))
 	var survived, torn int64
 	var err error
-	for i := range k {
-		it := st.item(i)
-		e := &it.e
+	e := first
+	for range k {
 		keep := int64(0)
 		if mode != "all" && rng.Uint64()&1 == 1 {
 			keep = e.end - e.off
@@ -903,17 +787,12 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 		}
 		if keep > 0 && err == nil {
 			survived++
-			err = p.writeEntry(ctx, &it, keep)
+			err = p.writeEntry(ctx, e, keep)
 		}
+		next := e.next
+		pcFreeEntry(e)
+		e = next
 	}
-	// Keep the ring and the arena for the next power cycle, unless the
-	// power came back and the cache filled meanwhile.
-	st.reset()
-	p.mu.Lock()
-	if p.mu.c.count == 0 && p.mu.c.arena.chunks == nil {
-		p.mu.c = st
-	}
-	p.mu.Unlock()
 	if err == nil && survived > 0 {
 		err = p.dev.Flush(ctx)
 	}
@@ -933,12 +812,11 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 func (p *powercut) dirty() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.mu.c.count == 0 {
+	if p.mu.count == 0 {
 		return "no cached writes"
 	}
 	var b strings.Builder
-	for i := range p.mu.c.count {
-		e := p.mu.c.at(i)
+	for e := p.mu.head; e != nil; e = e.next {
 		b.WriteString(strconv.FormatInt(e.off/SectorSize, 10))
 		b.WriteByte('+')
 		b.WriteString(strconv.FormatInt(e.sectors(), 10))
@@ -969,7 +847,7 @@ func (p *powercut) Status(t StatusType) string {
 		seed = strconv.FormatUint(p.mu.lastSeed, 10)
 	}
 	return fmt.Sprintf("%s cached %d %d flushes %d fua %d destaged %d cuts %d last_cut %s seed %s",
-		state, p.mu.c.count, p.mu.sectors, p.flushes.Load(), p.fuas.Load(), p.destaged.Load(), p.mu.cuts, p.mu.lastMode, seed)
+		state, p.mu.count, p.mu.sectors, p.flushes.Load(), p.fuas.Load(), p.destaged.Load(), p.mu.cuts, p.mu.lastMode, seed)
 }
 
 // Close implements Target: a cache still holding entries (the table was
@@ -991,12 +869,10 @@ func (p *powercut) Close() error {
 // pcChunkShift sets the span of one index chunk: 1 MiB.
 const pcChunkShift = 20
 
-// pcExtent is a byte range [off, end) whose newest cached data is that of
-// entry number seq. It holds no pointer, so that the collector has nothing
-// to scan in the index of a full cache.
+// pcExtent is a byte range [off, end) whose newest cached data is e's.
 type pcExtent struct {
 	off, end int64
-	seq      uint64
+	e        *pcEntry
 }
 
 // pcChunk holds the extents inside one 1 MiB span, sorted and disjoint.
@@ -1107,18 +983,18 @@ func chunkSpan(ck, off, end int64) (int64, int64) {
 	return max(off, ck<<pcChunkShift), min(end, (ck+1)<<pcChunkShift)
 }
 
-// put makes entry number seq the newest data of [off, end).
-func (x *pcIndex) put(off, end int64, seq uint64) {
+// put makes e the newest data of [off, end).
+func (x *pcIndex) put(off, end int64, e *pcEntry) {
 	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
 		c := x.chunk(ck)
 		a, b := chunkSpan(ck, off, end)
-		c.replace(a, b, seq)
+		c.replace(a, b, e)
 	}
 }
 
-// replace puts entry number seq over [a, b) of c (seq 0: clears it),
-// keeping what extents overlapping it hold outside it.
-func (c *pcChunk) replace(a, b int64, seq uint64) {
+// replace puts e over [a, b) of c (nil e: clears it), keeping what extents
+// overlapping it hold outside it.
+func (c *pcChunk) replace(a, b int64, e *pcEntry) {
 	i := c.search(a)
 	j := i
 	for j < len(c.ext) && c.ext[j].off < b {
@@ -1127,31 +1003,31 @@ func (c *pcChunk) replace(a, b int64, seq uint64) {
 	var rep [3]pcExtent
 	k := 0
 	if i < j && c.ext[i].off < a {
-		rep[k] = pcExtent{c.ext[i].off, a, c.ext[i].seq}
+		rep[k] = pcExtent{c.ext[i].off, a, c.ext[i].e}
 		k++
 	}
-	if seq != 0 {
-		rep[k] = pcExtent{a, b, seq}
+	if e != nil {
+		rep[k] = pcExtent{a, b, e}
 		k++
 	}
 	if i < j && c.ext[j-1].end > b {
-		rep[k] = pcExtent{b, c.ext[j-1].end, c.ext[j-1].seq}
+		rep[k] = pcExtent{b, c.ext[j-1].end, c.ext[j-1].e}
 		k++
 	}
 	c.ext = slices.Replace(c.ext, i, j, rep[:k]...)
 }
 
-// clear removes [off, end) from the index: all of it when only is 0, else
-// only the extents of entry number only.
-func (x *pcIndex) clear(off, end int64, only uint64) {
+// clear removes [off, end) from the index: all of it when only is nil,
+// else only the extents of entry only.
+func (x *pcIndex) clear(off, end int64, only *pcEntry) {
 	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
 		c := x.get(ck)
 		if c == nil {
 			continue
 		}
 		a, b := chunkSpan(ck, off, end)
-		if only == 0 {
-			c.replace(a, b, 0)
+		if only == nil {
+			c.replace(a, b, nil)
 		} else {
 			i := c.search(a)
 			j := i
@@ -1160,7 +1036,7 @@ func (x *pcIndex) clear(off, end int64, only uint64) {
 			}
 			kept := i
 			for n := i; n < j; n++ {
-				if c.ext[n].seq != only {
+				if c.ext[n].e != only {
 					c.ext[kept] = c.ext[n]
 					kept++
 				}
@@ -1192,8 +1068,8 @@ func (x *pcIndex) covers(off, end int64) bool {
 	return true
 }
 
-// read lays the cached data of [off, off+len(p)) over p, from st.
-func (x *pcIndex) read(p []byte, off int64, st *pcStore) {
+// read lays the cached data of [off, off+len(p)) over p.
+func (x *pcIndex) read(p []byte, off int64) {
 	end := off + int64(len(p))
 	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
 		c := x.get(ck)
@@ -1205,8 +1081,8 @@ func (x *pcIndex) read(p []byte, off int64, st *pcStore) {
 			x := c.ext[i]
 			s, t := max(x.off, a), min(x.end, b)
 			dst := p[s-off : t-off]
-			if e := st.entry(x.seq); e.kind == pcWrite {
-				copy(dst, st.data(x.seq, e)[s-e.off:t-e.off])
+			if x.e.kind == pcWrite {
+				copy(dst, x.e.data[s-x.e.off:t-x.e.off])
 			} else {
 				clear(dst)
 			}

@@ -16,14 +16,8 @@ func TestPowercutIndexForms(t *testing.T) {
 		if (x.flat != nil) != (length == size) {
 			t.Fatalf("length %d: flat %v", length, x.flat != nil)
 		}
-		// model maps each byte to the number of its entry, 0 for none.
-		model := make([]uint64, size)
-		type ent struct {
-			off, end int64
-			seq      uint64
-		}
-		var ents []ent // put, oldest first
-		seq := uint64(0)
+		model := make([]*pcEntry, size)
+		var ents []*pcEntry // put, oldest first
 		rng := rand.New(rand.NewPCG(1, 2))
 		check := func(step int) {
 			t.Helper()
@@ -33,19 +27,19 @@ func TestPowercutIndexForms(t *testing.T) {
 				if c != nil {
 					for _, ex := range c.ext {
 						for ; pos < ex.off; pos++ {
-							if model[pos] != 0 {
+							if model[pos] != nil {
 								t.Fatalf("length %d step %d: byte %d not indexed", length, step, pos)
 							}
 						}
 						for ; pos < ex.end; pos++ {
-							if model[pos] != ex.seq {
+							if model[pos] != ex.e {
 								t.Fatalf("length %d step %d: byte %d maps to the wrong entry", length, step, pos)
 							}
 						}
 					}
 				}
 				for ; pos < (ck+1)<<pcChunkShift; pos++ {
-					if model[pos] != 0 {
+					if model[pos] != nil {
 						t.Fatalf("length %d step %d: byte %d not indexed", length, step, pos)
 					}
 				}
@@ -56,25 +50,24 @@ func TestPowercutIndexForms(t *testing.T) {
 			end := min(size, off+1+rng.Int64N(3<<pcChunkShift/2))
 			switch r := rng.IntN(100); {
 			case r < 60:
-				seq++
-				e := ent{off, end, seq}
+				e := &pcEntry{kind: pcWrite, off: off, end: end}
 				ents = append(ents, e)
-				x.put(off, end, e.seq)
+				x.put(off, end, e)
 				for i := off; i < end; i++ {
-					model[i] = e.seq
+					model[i] = e
 				}
 			case r < 85 && len(ents) > 0:
 				// As a write-back drops an entry: its whole range.
 				e := ents[0]
 				ents = ents[1:]
-				x.clear(e.off, e.end, e.seq)
+				x.clear(e.off, e.end, e)
 				for i := e.off; i < e.end; i++ {
-					if model[i] == e.seq {
-						model[i] = 0
+					if model[i] == e {
+						model[i] = nil
 					}
 				}
 			case r < 99:
-				x.clear(off, end, 0)
+				x.clear(off, end, nil)
 				clear(model[off:end])
 			case r == 99:
 				x.reset()
@@ -105,24 +98,19 @@ func BenchmarkPowercutIndex(b *testing.B) {
 			const n = 8192
 			ring := make([]pcEntry, n)
 			rng := rand.New(rand.NewPCG(3, 4))
-			seq := uint64(0)
-			seqs := make([]uint64, n)
-			put := func(i int) {
-				e := &ring[i]
+			put := func(e *pcEntry) {
 				e.off = rng.Int64N(1<<30/4096) * 4096
 				e.end = e.off + 4096
-				seq++
-				seqs[i] = seq
-				x.put(e.off, e.end, seq)
+				x.put(e.off, e.end, e)
 			}
 			for i := range ring {
-				put(i)
+				put(&ring[i])
 			}
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				e := &ring[i%n]
-				x.clear(e.off, e.end, seqs[i%n])
-				put(i % n)
+				x.clear(e.off, e.end, e)
+				put(e)
 			}
 		})
 	}
