@@ -643,6 +643,20 @@ func TestExpectingArmsLeader(t *testing.T) {
 	}
 }
 
+// startArmed starts request unique on nodeExpect, the queue's only request,
+// and returns the leader's sleeps once it sleeps armed (with a timeout) for
+// it.
+func (r *fakeRing) startArmed(t *testing.T, fs *waitFS, unique uint64) []int64 {
+	t.Helper()
+	r.read(unique, nodeExpect)
+	<-fs.started
+	sl := r.sleepsAfter(t, 0)
+	if sl[len(sl)-1] <= 0 {
+		t.Fatalf("sleeps %v: not armed for the only request", sl)
+	}
+	return sl
+}
+
 // TestExpectingExpires: an expected reply that does not come by the time
 // the leader's spin ends (expected time plus stack.ContinueLead) leaves the
 // leader asleep without a timeout, not spinning and not re-armed; the
@@ -651,13 +665,7 @@ func TestExpectingArmsLeader(t *testing.T) {
 func TestExpectingExpires(t *testing.T) {
 	s, r, fs, clk := newFakeServer(t, 4)
 	q := s.queues[0]
-	r.read(100, nodeExpect)
-	<-fs.started
-	sl := r.sleepsAfter(t, 0)
-	if sl[len(sl)-1] <= 0 {
-		t.Fatalf("sleeps %v: not armed", sl)
-	}
-	n := len(sl)
+	n := len(r.startArmed(t, fs, 100))
 	at := clk.Nanotime() + int64(expectIn)
 	clk.Set(at - s.expectMargin)
 	r.fire()
@@ -665,7 +673,7 @@ func TestExpectingExpires(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	clk.Set(at + int64(stack.ContinueLead) + 1)
-	sl = r.sleepsAfter(t, n)
+	sl := r.sleepsAfter(t, n)
 	if len(sl) != n+1 || sl[n] != 0 {
 		t.Fatalf("sleeps after the expected time %v, want one without a timeout", sl[n:])
 	}
@@ -690,16 +698,10 @@ func TestExpectingExpires(t *testing.T) {
 // wakes it as any request does.
 func TestExpectingDeepQueue(t *testing.T) {
 	_, r, fs, _ := newFakeServer(t, 4)
-	r.read(100, nodeExpect)
-	<-fs.started
-	sl := r.sleepsAfter(t, 0)
-	if sl[len(sl)-1] <= 0 {
-		t.Fatalf("sleeps %v: not armed for the only request", sl)
-	}
-	n := len(sl)
+	n := len(r.startArmed(t, fs, 100))
 	r.read(102, nodeExpect)
 	<-fs.started
-	sl = r.sleepsAfter(t, n)
+	sl := r.sleepsAfter(t, n)
 	for _, to := range sl[n:] {
 		if to != 0 {
 			t.Errorf("sleeps with two requests in flight %v, want no timeout", sl[n:])

@@ -391,6 +391,11 @@ func (q *queue) giveUp(seq uint64) bool {
 	return true
 }
 
+// inline reports whether e's request runs on the leader's thread.
+func (e *entry) inline() bool {
+	return e.seq != 0 && e.q.cur.Load() == e.seq
+}
+
 // Waiting implements stack.Waiter: the request held by e is about to wait,
 // so the queue goes to another thread now.
 func (e *entry) Waiting() {
@@ -406,8 +411,8 @@ func (e *entry) Waiting() {
 // microseconds, more on an idle virtual CPU.
 func (e *entry) Continuing() {
 	q := e.q
-	if q.cur.Load() == e.seq && e.seq != 0 {
-		return // inline: the leader runs it
+	if e.inline() {
+		return // the leader runs it
 	}
 	until := q.s.clock.Nanotime() + int64(stack.ContinueLead)
 	for {
@@ -449,8 +454,8 @@ func (e *entry) Expecting(d time.Duration) {
 	q := e.q
 	e.expectAt.Store(q.s.clock.Nanotime() + int64(d))
 	q.expectBy.Store(e)
-	if q.cur.Load() != e.seq || e.seq == 0 {
-		q.wake() // off the leader: the leader may be asleep already
+	if !e.inline() {
+		q.wake() // the leader may be asleep already
 	}
 }
 
