@@ -20,9 +20,9 @@
 // Go timers cannot wait less than about 1.1 ms, so one Scheduler per process
 // (Default) serves every delay target: a goroutine locked to its OS thread,
 // with timer slack 1 ns, keeps each target's earliest deadline in a heap and
-// waits in ppoll(2) on an eventfd, in naps of at most MaxSleep, until
-// SpinWindow before the earliest release time, then spins on the monotonic
-// clock.
+// waits in ppoll(2) on an eventfd, in one sleep until NapWindow before the
+// spin and in naps of at most MaxSleep after it, until SpinWindow before the
+// earliest release time, then spins on the monotonic clock.
 // Every pass releases all requests due within the clock's Lead (EarlyWake, 100
 // us on the real clock) in arrival order. A released request finishes the wait
 // on its own goroutine, spinning on the monotonic clock until its deadline:
@@ -34,8 +34,8 @@
 // delay is no longer than the lead never parks and never involves the
 // scheduler: it spins, and leaves its queue at its deadline unless presuspend
 // releases it first. A request with an earlier deadline wakes the scheduler
-// through the eventfd; with nothing queued it lingers briefly (Linger) and then
-// sleeps without a timeout. A waiting request parks its thread in futex(2) on a
+// through the eventfd; with nothing queued it lingers briefly (Linger, while
+// lingering sees requests arrive) and then sleeps without a timeout. A waiting request parks its thread in futex(2) on a
 // pooled waiter and allocates nothing; the release is one futex wake-up
 // (park_linux.go says why not a channel). So each waiting request holds an OS
 // thread, which the Go runtime creates as needed and keeps for reuse: 64

@@ -69,3 +69,85 @@ func TestRealSchedulerConcurrent(t *testing.T) {
 		t.Errorf("status %q after all I/O completed", got)
 	}
 }
+
+// TestNapFor: a wait sleeps in one ppoll until NapWindow before its spin,
+// then in naps of MaxSleep; a 2 ms wait takes four sleeps, not twenty.
+func TestNapFor(t *testing.T) {
+	for _, tc := range []struct {
+		rem   int64 // until the spin starts
+		naps  int
+		first int64
+	}{
+		{50_000, 1, 50_000},
+		{int64(MaxSleep), 1, int64(MaxSleep)},
+		{int64(NapWindow), 3, int64(MaxSleep)},
+		{int64(NapWindow) + 1, 4, 1},
+		{2*ms - int64(EarlyWake) - int64(SpinWindow), 4, 2*ms - int64(EarlyWake) - int64(SpinWindow) - int64(NapWindow)},
+		{10 * ms, 4, 10*ms - int64(NapWindow)},
+	} {
+		var naps []int64
+		for rem := tc.rem; rem > 0; {
+			d := napFor(rem)
+			if d <= 0 || d > rem {
+				t.Fatalf("rem %d: nap %d", rem, d)
+			}
+			if rem <= int64(NapWindow) && d > int64(MaxSleep) {
+				t.Errorf("rem %d: nap %d within the nap window", rem, d)
+			}
+			naps = append(naps, d)
+			rem -= d
+		}
+		if len(naps) != tc.naps || naps[0] != tc.first {
+			t.Errorf("rem %d: naps %v, want %d starting with %d", tc.rem, naps, tc.naps, tc.first)
+		}
+	}
+}
+
+// TestLingerer: the clock lingers while lingers see requests; after two in
+// a row that saw none it lingers only every lingerProbe-th time, and again
+// every time once one sees a request.
+func TestLingerer(t *testing.T) {
+	var l lingerer
+	for i := range 10 {
+		if !l.due() {
+			t.Fatalf("linger %d not due while lingers see requests", i)
+		}
+		l.lingered(true)
+	}
+	for i := range 2 {
+		if !l.due() {
+			t.Fatalf("miss %d: not due", i)
+		}
+		l.lingered(false)
+	}
+	for round := range 3 {
+		for i := range lingerProbe - 1 {
+			if l.due() {
+				t.Fatalf("round %d: lingered on empty queue %d after two misses", round, i)
+			}
+		}
+		if !l.due() {
+			t.Fatalf("round %d: the probe did not linger", round)
+		}
+		l.lingered(false)
+	}
+	if l.due() {
+		t.Fatal("lingered right after a probe that missed")
+	}
+	for range lingerProbe - 2 {
+		l.due()
+	}
+	if !l.due() {
+		t.Fatal("the probe did not linger")
+	}
+	l.lingered(true)
+	for i := range 3 {
+		if !l.due() {
+			t.Fatalf("linger %d not due after a probe saw a request", i)
+		}
+		l.lingered(i == 0)
+	}
+	if l.due() {
+		t.Fatal("lingered after two misses in a row")
+	}
+}
