@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/internal/futex"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -59,49 +58,14 @@ type queue struct {
 	requests, offloaded atomic.Uint64
 
 	mu      sync.Mutex
-	idle    []*standby // threads waiting to lead, the last to wait last
+	idle    int
 	threads int
+	standby chan struct{}
 	closed  bool
 }
 
-// standby is a queue thread waiting to lead: it parks in futex(2) on its
-// own word until promote (standbyLead) or exit (standbyExit) sets it.
-// promote wakes it with one futex call; a thread locked to its OS thread
-// and woken through a channel would need the Go scheduler to hand it a P
-// (startlockedm and stoplockedm, two more futex calls and thread switches).
-type standby struct {
-	word atomic.Uint32
-}
-
-// Values of standby.word.
-const (
-	standbyWaiting = iota
-	standbyLead
-	standbyExit
-)
-
-// wait parks the calling thread until the word leaves standbyWaiting, and
-// reports whether it is to lead.
-func (t *standby) wait() bool {
-	for {
-		switch t.word.Load() {
-		case standbyLead:
-			return true
-		case standbyExit:
-			return false
-		}
-		futex.Wait(&t.word, standbyWaiting)
-	}
-}
-
-// set ends the wait of t with v.
-func (t *standby) set(v uint32) {
-	t.word.Store(v)
-	futex.Wake(&t.word, 1)
-}
-
 func newQueue(s *Server, id int, r ring, mem []byte) *queue {
-	q := &queue{s: s, id: id, r: r, mem: mem}
+	q := &queue{s: s, id: id, r: r, mem: mem, standby: make(chan struct{}, 1<<16)}
 	q.ent = s.newEntries(q, mem)
 	q.pending = make([]*entry, 0, len(q.ent))
 	q.poll.init(s.cfg.Poll)
@@ -154,7 +118,6 @@ func (q *queue) thread(leader bool, started chan<- error) {
 			return
 		}
 	}
-	var me standby
 	for {
 		if !leader {
 			q.mu.Lock()
@@ -162,10 +125,9 @@ func (q *queue) thread(leader bool, started chan<- error) {
 				q.mu.Unlock()
 				return
 			}
-			me.word.Store(standbyWaiting)
-			q.idle = append(q.idle, &me)
+			q.idle++
 			q.mu.Unlock()
-			if !me.wait() {
+			if _, ok := <-q.standby; !ok {
 				return
 			}
 		}
@@ -184,30 +146,22 @@ func (q *queue) exit() {
 	q.mu.Lock()
 	if !q.closed {
 		q.closed = true
-		for i, t := range q.idle {
-			t.set(standbyExit)
-			q.idle[i] = nil
-		}
-		q.idle = q.idle[:0]
+		close(q.standby)
 	}
 	q.mu.Unlock()
 }
 
-// promote hands the queue to a standby thread, the one that waited last
-// (its stack and caches are the likeliest to be warm), starting one if none
-// waits.
+// promote hands the queue to a standby thread, starting one if none waits.
 func (q *queue) promote() {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		return
 	}
-	if n := len(q.idle); n > 0 {
-		t := q.idle[n-1]
-		q.idle[n-1] = nil
-		q.idle = q.idle[:n-1]
+	if q.idle > 0 {
+		q.idle--
 		q.mu.Unlock()
-		t.set(standbyLead)
+		q.standby <- struct{}{}
 		return
 	}
 	q.threads++
