@@ -22,18 +22,17 @@ const SpinWindow = 60 * time.Microsecond
 // of the way on the monotonic clock, so the release is exact.
 const EarlyWake = 100 * time.Microsecond
 
-// MaxSleep caps one ppoll in the last NapWindow before the spin, and
-// every ppoll while lingering. On the virtual machines dmfuse was measured
-// on, a timeout of 100 us ends 10-30 us late at the median and 40-70 us late
-// at p99, but one of 1 ms ends up to 0.4-1.6 ms late at p99 and one of 10 ms
-// up to 4 ms late: long sleeps let the vCPU idle deeply, and the host takes
-// long to wake it. Short naps keep each wake-up short enough for SpinWindow
-// to absorb it.
+// MaxSleep caps one ppoll in the last NapWindow before the spin. On the
+// virtual machines dmfuse was measured on, a timeout of 100 us ends 10-30 us
+// late at the median and 40-70 us late at p99, but one of 1 ms ends up to
+// 0.4-1.6 ms late at p99 and one of 10 ms up to 4 ms late: long sleeps let
+// the vCPU idle deeply, and the host takes long to wake it. Short naps keep
+// each wake-up short enough for SpinWindow to absorb it.
 const MaxSleep = 100 * time.Microsecond
 
 // NapWindow is how long before the spin the real clock sleeps in naps of
 // MaxSleep. Further from it, one ppoll sleeps until NapWindow before the
-// spin: a wait of 2 ms costs four wake-ups instead of twenty, which a busy
+// spin: a wait of 2 ms costs four wake-ups instead of nineteen, which a busy
 // machine pays for in context switches, while the vCPU is awake again and
 // napping well before the deadline. Only a long sleep that ends more than
 // NapWindow late (about 1% of 1 ms sleeps on an idle vCPU) makes a release
@@ -44,16 +43,9 @@ const NapWindow = 300 * time.Microsecond
 // naps after the queue empties, before it sleeps without a deadline. A
 // request that arrives meanwhile (the next one of a queue-depth-1 stream comes
 // one FUSE round trip later) is seen within microseconds instead of a full
-// thread wake-up, which matters for delays of a few hundred microseconds.
-// The naps leave the CPU to other threads. Lingering adapts as polling does
-// on the io_uring transport (lingerer): after two lingers in a row that saw
-// no request, only every lingerProbe-th empty queue lingers, until one sees
-// a request again, so that requests arriving at random (a multipath
-// device's slow paths) cost no naps.
+// thread wake-up, which matters for delays below 0.1 ms. The naps leave the
+// CPU to other threads.
 const Linger = 200 * time.Microsecond
-
-// lingerProbe is how often a clock whose lingers keep missing lingers anyway.
-const lingerProbe = 32
 
 // nap is the timeout of one ppoll while lingering or yielding.
 const nap = time.Microsecond
@@ -66,7 +58,6 @@ type RealClock struct {
 	fd      int
 	pending atomic.Bool    // a Wake is in the eventfd and not yet consumed
 	fds     [1]unix.PollFd // used by the waiting goroutine only
-	linger  lingerer       // used by the waiting goroutine only
 }
 
 var monoBase = time.Now()
@@ -106,10 +97,11 @@ func (c *RealClock) Yield() {
 // Wait implements Clock.
 func (c *RealClock) Wait(deadline int64) {
 	if deadline == Forever {
-		if c.linger.due() {
-			hit := c.lingerFor(int64(Linger))
-			c.linger.lingered(hit)
-			if hit {
+		end := c.Now() + int64(Linger)
+		ts := unix.NsecToTimespec(int64(nap))
+		for c.Now() < end {
+			if n, _ := unix.Ppoll(c.fds[:], &ts, nil); n > 0 {
+				c.consume()
 				return
 			}
 		}
@@ -144,20 +136,6 @@ func (c *RealClock) Wait(deadline int64) {
 	}
 }
 
-// lingerFor polls the eventfd in naps for d nanoseconds and reports whether
-// a Wake came meanwhile (and was consumed).
-func (c *RealClock) lingerFor(d int64) bool {
-	end := c.Now() + d
-	ts := unix.NsecToTimespec(int64(nap))
-	for c.Now() < end {
-		if n, _ := unix.Ppoll(c.fds[:], &ts, nil); n > 0 {
-			c.consume()
-			return true
-		}
-	}
-	return false
-}
-
 // napFor returns how long to sleep in one ppoll when the spin starts rem
 // nanoseconds from now: up to NapWindow before it in one sleep, then in
 // naps of at most MaxSleep.
@@ -166,35 +144,6 @@ func napFor(rem int64) int64 {
 		return rem - int64(NapWindow)
 	}
 	return min(rem, int64(MaxSleep))
-}
-
-// lingerer decides whether the clock lingers when its queue empties, as the
-// io_uring transport's poller decides whether to poll: always while lingers
-// see requests; after two in a row that saw none, only every lingerProbe-th
-// time, until one sees a request again.
-type lingerer struct {
-	misses int // lingers in a row that saw no request
-	skip   int // empty queues without lingering since the last linger
-}
-
-// due reports whether to linger now.
-func (l *lingerer) due() bool {
-	if l.misses >= 2 {
-		if l.skip++; l.skip < lingerProbe {
-			return false
-		}
-	}
-	l.skip = 0
-	return true
-}
-
-// lingered records whether a linger saw a request.
-func (l *lingerer) lingered(hit bool) {
-	if hit {
-		l.misses = 0
-	} else {
-		l.misses++
-	}
 }
 
 // consume drains the eventfd, then clears pending. In this order a Wake that

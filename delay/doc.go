@@ -34,8 +34,8 @@
 // delay is no longer than the lead never parks and never involves the
 // scheduler: it spins, and leaves its queue at its deadline unless presuspend
 // releases it first. A request with an earlier deadline wakes the scheduler
-// through the eventfd; with nothing queued it lingers briefly (Linger, while
-// lingering sees requests arrive) and then sleeps without a timeout. A waiting request parks its thread in futex(2) on a
+// through the eventfd; with nothing queued it lingers briefly (Linger) and then
+// sleeps without a timeout. A waiting request parks its thread in futex(2) on a
 // pooled waiter and allocates nothing; the release is one futex wake-up
 // (park_linux.go says why not a channel). So each waiting request holds an OS
 // thread, which the Go runtime creates as needed and keeps for reuse: 64
