@@ -71,7 +71,7 @@ func TestRealSchedulerConcurrent(t *testing.T) {
 }
 
 // TestNapFor: a wait sleeps in one ppoll until NapWindow before its spin,
-// then in naps of MaxSleep; a 2 ms wait takes four sleeps, not twenty.
+// then in naps of MaxSleep; a 2 ms wait takes four sleeps, not nineteen.
 func TestNapFor(t *testing.T) {
 	for _, tc := range []struct {
 		rem   int64 // until the spin starts
