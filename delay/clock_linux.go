@@ -22,14 +22,22 @@ const SpinWindow = 60 * time.Microsecond
 // of the way on the monotonic clock, so the release is exact.
 const EarlyWake = 100 * time.Microsecond
 
-// MaxSleep caps one ppoll while a deadline is pending. On the virtual
-// machines dmfuse was measured on, a timeout of 100 us ends 10 us late at the
-// median and 40-70 us late at p99, but one of 1 ms ends up to 1.6 ms late at
-// p99 and one of 10 ms up to 4 ms late: long sleeps let the vCPU idle deeply.
-// Sleeping in chunks keeps every wake-up short enough for SpinWindow to
-// absorb it, at the cost of about 10k cheap wake-ups per second while
-// requests are queued (none while idle).
+// MaxSleep caps one ppoll in the last NapWindow before the spin. On the
+// virtual machines dmfuse was measured on, a timeout of 100 us ends 10-30 us
+// late at the median and 40-70 us late at p99, but one of 1 ms ends up to
+// 0.4-1.6 ms late at p99 and one of 10 ms up to 4 ms late: long sleeps let
+// the vCPU idle deeply, and the host takes long to wake it. Short naps keep
+// each wake-up short enough for SpinWindow to absorb it.
 const MaxSleep = 100 * time.Microsecond
+
+// NapWindow is how long before the spin the real clock sleeps in naps of
+// MaxSleep. Further from it, one ppoll sleeps until NapWindow before the
+// spin: a wait of 2 ms costs four wake-ups instead of nineteen, which a busy
+// machine pays for in context switches, while the vCPU is awake again and
+// napping well before the deadline. Only a long sleep that ends more than
+// NapWindow late (about 1% of 1 ms sleeps on an idle vCPU) makes a release
+// late.
+const NapWindow = 300 * time.Microsecond
 
 // Linger is how long the real clock keeps polling for new requests in short
 // naps after the queue empties, before it sleeps without a deadline. A
@@ -111,7 +119,7 @@ func (c *RealClock) Wait(deadline int64) {
 		if rem <= spin {
 			break
 		}
-		ts := unix.NsecToTimespec(min(rem-spin, int64(MaxSleep)))
+		ts := unix.NsecToTimespec(napFor(rem - spin))
 		n, err := unix.Ppoll(c.fds[:], &ts, nil)
 		if n > 0 {
 			c.consume()
@@ -126,6 +134,16 @@ func (c *RealClock) Wait(deadline int64) {
 			return // the next Wait finds the eventfd readable and consumes it
 		}
 	}
+}
+
+// napFor returns how long to sleep in one ppoll when the spin starts rem
+// nanoseconds from now: up to NapWindow before it in one sleep, then in
+// naps of at most MaxSleep.
+func napFor(rem int64) int64 {
+	if rem > int64(NapWindow) {
+		return rem - int64(NapWindow)
+	}
+	return min(rem, int64(MaxSleep))
 }
 
 // consume drains the eventfd, then clears pending. In this order a Wake that

@@ -20,9 +20,9 @@
 // Go timers cannot wait less than about 1.1 ms, so one Scheduler per process
 // (Default) serves every delay target: a goroutine locked to its OS thread,
 // with timer slack 1 ns, keeps each target's earliest deadline in a heap and
-// waits in ppoll(2) on an eventfd, in naps of at most MaxSleep, until
-// SpinWindow before the earliest release time, then spins on the monotonic
-// clock.
+// waits in ppoll(2) on an eventfd, in one sleep until NapWindow before the
+// spin and in naps of at most MaxSleep after it, until SpinWindow before the
+// earliest release time, then spins on the monotonic clock.
 // Every pass releases all requests due within the clock's Lead (EarlyWake, 100
 // us on the real clock) in arrival order. A released request finishes the wait
 // on its own goroutine, spinning on the monotonic clock until its deadline:

@@ -69,3 +69,36 @@ func TestRealSchedulerConcurrent(t *testing.T) {
 		t.Errorf("status %q after all I/O completed", got)
 	}
 }
+
+// TestNapFor: a wait sleeps in one ppoll until NapWindow before its spin,
+// then in naps of MaxSleep; a 2 ms wait takes four sleeps, not nineteen.
+func TestNapFor(t *testing.T) {
+	for _, tc := range []struct {
+		rem   int64 // until the spin starts
+		naps  int
+		first int64
+	}{
+		{50_000, 1, 50_000},
+		{int64(MaxSleep), 1, int64(MaxSleep)},
+		{int64(NapWindow), 3, int64(MaxSleep)},
+		{int64(NapWindow) + 1, 4, 1},
+		{2*ms - int64(EarlyWake) - int64(SpinWindow), 4, 2*ms - int64(EarlyWake) - int64(SpinWindow) - int64(NapWindow)},
+		{10 * ms, 4, 10*ms - int64(NapWindow)},
+	} {
+		var naps []int64
+		for rem := tc.rem; rem > 0; {
+			d := napFor(rem)
+			if d <= 0 || d > rem {
+				t.Fatalf("rem %d: nap %d", rem, d)
+			}
+			if rem <= int64(NapWindow) && d > int64(MaxSleep) {
+				t.Errorf("rem %d: nap %d within the nap window", rem, d)
+			}
+			naps = append(naps, d)
+			rem -= d
+		}
+		if len(naps) != tc.naps || naps[0] != tc.first {
+			t.Errorf("rem %d: naps %v, want %d starting with %d", tc.rem, naps, tc.naps, tc.first)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package uring
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -739,5 +740,80 @@ func TestExpectingOff(t *testing.T) {
 	e.ended()
 	if at := q.expected(); at != 0 {
 		t.Errorf("expected() = %d after the request ended", at)
+	}
+}
+
+// standbys returns how many threads of q wait to lead.
+func (q *queue) standbys() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.idle
+}
+
+// TestStandbyReused: a thread that gave up the queue for a waiting request
+// waits as standby once that request is answered; the next waiting request
+// hands the queue to that thread, starts no other, and requests go on
+// flowing on it. Closing the server ends a standby thread too.
+func TestStandbyReused(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 8)
+	q := s.queues[0]
+	r.read(1, nodeFast) // the first leader has registered and runs
+	r.reply(t)
+	first := q.tid.Load()
+
+	r.read(100, nodeHint)
+	<-fs.started
+	second := q.tid.Load()
+	for second == first {
+		runtime.Gosched()
+		second = q.tid.Load()
+	}
+	fs.release <- struct{}{}
+	if p := r.reply(t); p.unique != 100 {
+		t.Fatalf("reply %+v, want the waiting request's", p)
+	}
+	for i := 0; q.standbys() != 1; i++ {
+		if i > 10_000_000 {
+			t.Fatalf("%d standby threads after the waiting request, want 1", q.standbys())
+		}
+		runtime.Gosched()
+	}
+
+	r.read(102, nodeHint)
+	<-fs.started
+	for i := 0; q.tid.Load() != first; i++ {
+		if i > 10_000_000 {
+			t.Fatalf("thread %d leads, want the standby thread %d (the second leader was %d)", q.tid.Load(), first, second)
+		}
+		runtime.Gosched()
+	}
+	if q.standbys() != 0 {
+		t.Errorf("%d standby threads while two hold the waiting request and the queue", q.standbys())
+	}
+	r.read(104, nodeFast)
+	if p := r.reply(t); p.unique != 104 {
+		t.Errorf("reply %+v, want 104", p)
+	}
+	fs.release <- struct{}{}
+	if p := r.reply(t); p.unique != 102 {
+		t.Errorf("reply %+v, want 102", p)
+	}
+	if th, h := s.Stats().Threads, q.hinted.Load(); th != 2 || h != 2 {
+		t.Errorf("%d threads and %d hand-offs; want 2 and 2", th, h)
+	}
+
+	for i := 0; q.standbys() != 1; i++ {
+		if i > 10_000_000 {
+			t.Fatalf("%d standby threads before Close, want 1", q.standbys())
+		}
+		runtime.Gosched()
+	}
+	s.Close()
+	done := make(chan struct{})
+	go func() { s.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close left a standby thread waiting")
 	}
 }

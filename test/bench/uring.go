@@ -271,6 +271,7 @@ type urun struct {
 	meanUs, p99Us float64 // submission to completion
 	clatUs        float64 // mean completion latency
 	cpu, machine  float64 // cores: the daemon's, and the whole machine's busy
+	switches      float64 // the whole machine's context switches per second
 }
 
 // value is what job j compares: IOPS, or MB/s for the 1 MiB jobs.
@@ -305,7 +306,8 @@ func (b *ubench) fio(ctx context.Context, j job, c *config, dev string, rt time.
 	}
 	res := urun{iops: d.IOPS, mbps: d.BWBytes / 1e6, meanUs: d.Lat.Mean / 1e3, p99Us: d.Lat.Percentile["99.000000"] / 1e3,
 		clatUs: d.Clat.Mean / 1e3}
-	res.cpu, res.machine = cpu()
+	u := cpu()
+	res.cpu, res.machine, res.switches = u.Proc, u.Machine, u.Switches
 	return res, nil
 }
 

@@ -154,9 +154,9 @@ func (b *ubench) multipath(ctx context.Context) error {
 	}
 
 	w := &b.w
-	fmt.Fprintf(w, "### Multipath\n\n%s; hst is historical-service-time over f1 (linear over the tmpfs file) and s1, s2, s3 (delay %s ms over it); fast is a multipath device over f1 alone; IOPS medians of %d interleaved rounds, ratios the median (min-max) of the per-round ratios; slow share: the hst runs' reads completed by s1-s3.\n\n",
+	fmt.Fprintf(w, "### Multipath\n\n%s; hst is historical-service-time over f1 (linear over the tmpfs file) and s1, s2, s3 (delay %s ms over it); fast is a multipath device over f1 alone; IOPS medians of %d interleaved rounds, ratios the median (min-max) of the per-round ratios; slow share: the hst runs' reads completed by s1-s3; per read: the whole machine's busy CPU time and context switches over the middle of the hst and fast runs, divided by their reads (medians).\n\n",
 		mpJob.title, b.mpDelay, b.rounds)
-	table(w, []string{"daemon", "hst", "fast", "f1", "hst / fast", "hst / f1", "slow share", "daemon CPU in hst"})
+	table(w, []string{"daemon", "hst", "fast", "f1", "hst / fast", "hst / f1", "slow share", "daemon CPU in hst", "machine us / read hst (fast)", "switches / read hst (fast)"})
 	for _, c := range b.configs {
 		rs := res[c.name]
 		per := func(a, d string) []float64 {
@@ -166,10 +166,13 @@ func (b *ubench) multipath(ctx context.Context) error {
 			}
 			return v
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.2f |\n", c.name,
+		usPer := func(r urun) float64 { return r.machine / r.iops * 1e6 }
+		swPer := func(r urun) float64 { return r.switches / r.iops }
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.2f | %.1f (%.1f) | %.3f (%.3f) |\n", c.name,
 			kilo(medOf(rs["hst"], mpJob.value)), kilo(medOf(rs["fast"], mpJob.value)), kilo(medOf(rs["f1"], mpJob.value)),
 			ratioCell(per("hst", "fast")), ratioCell(per("hst", "f1")), pctCell(slow[c.name]),
-			medOf(rs["hst"], func(r urun) float64 { return r.cpu }))
+			medOf(rs["hst"], func(r urun) float64 { return r.cpu }),
+			medOf(rs["hst"], usPer), medOf(rs["fast"], usPer), medOf(rs["hst"], swPer), medOf(rs["fast"], swPer))
 	}
 	fmt.Fprintln(w)
 	return nil

@@ -224,60 +224,70 @@ func TempDir(u *Undo, prog string) (string, error) {
 	return filepath.Clean(d), nil
 }
 
-// machineBusy returns the CPU time all CPUs have spent busy (not idle nor
-// waiting for I/O), from /proc/stat.
-func machineBusy() time.Duration {
+// machineStat returns the CPU time the whole machine spent busy (all CPUs,
+// not idle nor waiting for I/O) and the context switches it made, since
+// boot (/proc/stat).
+func machineStat() (busy time.Duration, switches uint64) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0
+		return 0, 0
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0
-	}
-	var busy int64
-	// user nice system idle iowait irq softirq steal
-	for i, v := range f[1:9] {
-		if i == 3 || i == 4 {
-			continue
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 9 && f[0] == "cpu":
+			var n int64
+			// user nice system idle iowait irq softirq steal
+			for i, v := range f[1:9] {
+				if i == 3 || i == 4 {
+					continue
+				}
+				x, _ := strconv.ParseInt(v, 10, 64)
+				n += x
+			}
+			busy = time.Duration(n) * (time.Second / 100)
+		case len(f) == 2 && f[0] == "ctxt":
+			switches, _ = strconv.ParseUint(f[1], 10, 64)
 		}
-		n, _ := strconv.ParseInt(v, 10, 64)
-		busy += n
 	}
-	return time.Duration(busy) * (time.Second / 100)
+	return busy, switches
+}
+
+// Usage is what CPUWindow measured: the CPU of a process and of the whole
+// machine in cores (CPU seconds per second), and the machine's context
+// switches per second.
+type Usage struct {
+	Proc, Machine, Switches float64
 }
 
 // CPUWindow measures the CPU used during a window from offset from to offset
-// to after now: by process pid (0: none) and by the whole machine, both in
-// cores (CPU seconds per second). The returned function waits for the end
-// of the window; with ctx cancelled it returns zeros at once.
-func CPUWindow(ctx context.Context, pid int, from, to time.Duration) func() (proc, machine float64) {
-	type res struct{ proc, machine float64 }
-	ch := make(chan res, 1)
+// to after now: by process pid (0: none) and by the whole machine, and the
+// machine's context switches. The returned function waits for the end of
+// the window; with ctx cancelled it returns zeros at once.
+func CPUWindow(ctx context.Context, pid int, from, to time.Duration) func() Usage {
+	ch := make(chan Usage, 1)
 	start := time.Now()
 	go func() {
 		sleep := func(until time.Duration) bool { return Sleep(ctx, time.Until(start.Add(until))) == nil }
 		if !sleep(from) {
-			ch <- res{}
+			ch <- Usage{}
 			return
 		}
-		p0, m0, t0 := CPUTime(pid), machineBusy(), time.Now()
+		p0, t0 := CPUTime(pid), time.Now()
+		m0, s0 := machineStat()
 		if !sleep(to) {
-			ch <- res{}
+			ch <- Usage{}
 			return
 		}
-		p1, m1, d := CPUTime(pid), machineBusy(), time.Since(t0)
-		r := res{machine: (m1 - m0).Seconds() / d.Seconds()}
+		p1, d := CPUTime(pid), time.Since(t0)
+		m1, s1 := machineStat()
+		r := Usage{Machine: (m1 - m0).Seconds() / d.Seconds(), Switches: float64(s1-s0) / d.Seconds()}
 		if pid != 0 {
-			r.proc = (p1 - p0).Seconds() / d.Seconds()
+			r.Proc = (p1 - p0).Seconds() / d.Seconds()
 		}
 		ch <- r
 	}()
-	return func() (float64, float64) {
-		r := <-ch
-		return r.proc, r.machine
-	}
+	return func() Usage { return <-ch }
 }
 
 // Sleep waits for d, or until ctx is done and then returns its error.
