@@ -389,7 +389,7 @@ func (p *powercut) ReadAt(ctx context.Context, b []byte, off int64) (int, error)
 		// After a few reads raced with write-backs, hold them off.
 		held := try >= 3
 		if held {
-			p.wb.Lock()
+			p.lockWB(ctx)
 		}
 		n, err := p.dev.ReadAt(ctx, b, p.start+off)
 		if err != nil {
@@ -505,6 +505,7 @@ func (p *powercut) makeRoom(ctx context.Context) error {
 	// before it reads waiters: one of the two sees the other.
 	p.waiters.Add(1)
 	for p.sectors.Load() > p.hard() && p.destaging.Load() && !p.down.Load() {
+		Waiting(ctx)
 		p.room.cond.Wait()
 	}
 	p.waiters.Add(-1)
@@ -518,6 +519,8 @@ func (p *powercut) makeRoom(ctx context.Context) error {
 	}
 	p.destaging.Store(true)
 	p.room.Unlock()
+	// A destage writes back an eighth of the cache.
+	Waiting(ctx)
 	err := p.destage(ctx)
 	p.room.Lock()
 	p.destaging.Store(false)
@@ -570,6 +573,7 @@ func (p *powercut) destage(ctx context.Context) error {
 // cached entry, and frees it.
 func (p *powercut) writeThrough(ctx context.Context, e *pcEntry) error {
 	defer pcFreeEntry(e)
+	Waiting(ctx)
 	p.wb.Lock()
 	defer p.wb.Unlock()
 	if err := p.writeBackAllLocked(ctx); err != nil {
@@ -581,7 +585,11 @@ func (p *powercut) writeThrough(ctx context.Context, e *pcEntry) error {
 // writeFUA writes b through to the device and masks the cached entries it
 // overlaps, so that they neither show over it nor land on it later.
 func (p *powercut) writeFUA(ctx context.Context, b []byte, off int64) (int, error) {
-	p.wb.RLock()
+	if !p.wb.TryRLock() {
+		// A write-back holds it.
+		Waiting(ctx)
+		p.wb.RLock()
+	}
 	defer p.wb.RUnlock()
 	if p.down.Load() {
 		return 0, syscall.EIO
@@ -621,7 +629,7 @@ func (p *powercut) Flush(ctx context.Context) error {
 		return syscall.EIO
 	}
 	p.flushes.Add(1)
-	p.wb.Lock()
+	p.lockWB(ctx)
 	err := p.writeBackAllLocked(ctx)
 	p.wb.Unlock()
 	if err != nil {
@@ -631,6 +639,20 @@ func (p *powercut) Flush(ctx context.Context) error {
 		return syscall.EIO
 	}
 	return p.dev.Flush(ctx)
+}
+
+// lockWB takes wb exclusively for a write-back of the whole cache. A
+// request that finds it held, or more than a batch of entries to write
+// back, is going to wait longer than a round trip, and tells its
+// transport: on io_uring the requests behind it then go on on another
+// thread.
+func (p *powercut) lockWB(ctx context.Context) {
+	if !p.wb.TryLock() {
+		Waiting(ctx)
+		p.wb.Lock()
+	} else if p.count.Load() > pcWriteBackBatch {
+		Waiting(ctx)
+	}
 }
 
 // writeBackAllLocked writes back every cached entry; the caller holds wb.

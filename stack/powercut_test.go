@@ -1502,3 +1502,51 @@ func BenchmarkPowercutFull(b *testing.B) {
 		})
 	}
 }
+
+// pcWaiter counts the calls of stack.Waiting on its requests.
+type pcWaiter struct{ n atomic.Int32 }
+
+func (w *pcWaiter) Waiting() { w.n.Add(1) }
+
+// TestPowercutWaiting: a flush with more than a batch of entries to write
+// back, and the write that destages, tell their transport that they wait;
+// a cached write, and a flush of a few entries, do not.
+func TestPowercutWaiting(t *testing.T) {
+	dev := newPCRecDev("mem", 1024)
+	pc := newPC(t, dev, "2 cache_sectors 256")
+	var w pcWaiter
+	ctx := stack.WithWaiter(context.Background(), &w)
+	flush := pc.Target.(stack.Flusher).Flush
+	b := fill(1, pcSector)
+	for i := range 4 {
+		if _, err := pc.WriteAt(ctx, b, int64(i)*pcSector); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.n.Load(); n != 0 {
+		t.Fatalf("4 cached writes and a flush of them: %d calls of Waiting, want 0", n)
+	}
+	for i := range 40 {
+		if _, err := pc.WriteAt(ctx, b, int64(i)*pcSector); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.n.Load(); n != 1 {
+		t.Fatalf("a flush of 40 entries: %d calls of Waiting, want 1", n)
+	}
+	w.n.Store(0)
+	for i := range 257 {
+		if _, err := pc.WriteAt(ctx, b, int64(i)*pcSector); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := w.n.Load(); n != 1 {
+		t.Fatalf("257 writes into a cache of 256 sectors: %d calls of Waiting, want 1 (the destage)", n)
+	}
+}
