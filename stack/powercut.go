@@ -73,6 +73,9 @@ type powercut struct {
 	hasLimit bool
 
 	wb sync.RWMutex
+	// wbLong is set while wb is held for a write-back of more than
+	// pcLongWriteBack entries.
+	wbLong atomic.Bool
 	// memory is Ctor.Memory; reserved what the cache accounted there.
 	memory   func(n int64)
 	reserved int64
@@ -519,8 +522,6 @@ func (p *powercut) makeRoom(ctx context.Context) error {
 	}
 	p.destaging.Store(true)
 	p.room.Unlock()
-	// A destage writes back an eighth of the cache.
-	Waiting(ctx)
 	err := p.destage(ctx)
 	p.room.Lock()
 	p.destaging.Store(false)
@@ -549,7 +550,7 @@ func (p *powercut) snapshot() (*pcEntry, int64) {
 // until it holds at most 7/8 of the bound: a batch, so that the writes that
 // follow find room without waiting for wb one by one.
 func (p *powercut) destage(ctx context.Context) error {
-	p.wb.Lock()
+	p.lockWB(ctx)
 	defer p.wb.Unlock()
 	if p.down.Load() {
 		return syscall.EIO
@@ -557,16 +558,17 @@ func (p *powercut) destage(ctx context.Context) error {
 	p.list.Lock()
 	e, n, total := p.list.head, p.count.Load(), p.sectors.Load()
 	p.list.Unlock()
-	k := int64(0)
+	k, excess := int64(0), total-(p.limit-p.limit/8)
+	long := excess > pcLongSectors
 	if total > p.limit {
-		for excess := total - (p.limit - p.limit/8); excess > 0 && k < n; {
+		for excess > 0 && k < n {
 			excess -= e.sectors()
 			if k++; k < n {
 				e = e.next
 			}
 		}
 	}
-	return p.writeBack(ctx, k)
+	return p.writeBack(ctx, k, long || k > pcLongEntries)
 }
 
 // writeThrough writes e, larger than the cache, to the device after every
@@ -586,8 +588,9 @@ func (p *powercut) writeThrough(ctx context.Context, e *pcEntry) error {
 // overlaps, so that they neither show over it nor land on it later.
 func (p *powercut) writeFUA(ctx context.Context, b []byte, off int64) (int, error) {
 	if !p.wb.TryRLock() {
-		// A write-back holds it.
-		Waiting(ctx)
+		if p.wbLong.Load() {
+			Waiting(ctx)
+		}
 		p.wb.RLock()
 	}
 	defer p.wb.RUnlock()
@@ -641,26 +644,37 @@ func (p *powercut) Flush(ctx context.Context) error {
 	return p.dev.Flush(ctx)
 }
 
-// lockWB takes wb exclusively for a write-back of the whole cache. A
-// request that finds it held, or more than a batch of entries to write
-// back, is going to wait longer than a round trip, and tells its
-// transport: on io_uring the requests behind it then go on on another
-// thread.
+// lockWB takes wb exclusively. A request that finds it held by a long
+// write-back is going to wait for longer than a round trip, and tells its
+// transport (stack.Waiting): on io_uring the requests behind it then go on
+// on another thread. A short write-back is not worth the hand-off.
 func (p *powercut) lockWB(ctx context.Context) {
 	if !p.wb.TryLock() {
-		Waiting(ctx)
+		if p.wbLong.Load() {
+			Waiting(ctx)
+		}
 		p.wb.Lock()
-	} else if p.count.Load() > pcWriteBackBatch {
-		Waiting(ctx)
 	}
 }
+
+// A write-back of more than pcLongEntries entries or pcLongSectors sectors
+// is long: its request tells its transport that it waits (4 MiB, or 1024
+// writes: milliseconds). A shorter one is cheaper than a hand-off of the
+// queue.
+const (
+	pcLongEntries = 1024
+	pcLongSectors = 8192
+)
 
 // writeBackAllLocked writes back every cached entry; the caller holds wb.
 func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 	if p.down.Load() {
 		return syscall.EIO
 	}
-	return p.writeBack(ctx, p.count.Load())
+	p.list.Lock()
+	k, sectors := p.count.Load(), p.sectors.Load()
+	p.list.Unlock()
+	return p.writeBack(ctx, k, k > pcLongEntries || sectors > pcLongSectors)
 }
 
 // pcWriteBackBatch is how many written-back entries leave the cache at a
@@ -669,9 +683,15 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 const pcWriteBackBatch = 32
 
 // writeBack writes the k oldest entries to the device in order, dropping
-// them from the cache pcWriteBackBatch at a time. The caller holds wb
-// exclusively: nothing else takes entries off the head of the list.
-func (p *powercut) writeBack(ctx context.Context, k int64) error {
+// them from the cache pcWriteBackBatch at a time; long says they make a
+// long write-back. The caller holds wb exclusively: nothing else takes
+// entries off the head of the list.
+func (p *powercut) writeBack(ctx context.Context, k int64, long bool) error {
+	if long {
+		Waiting(ctx)
+		p.wbLong.Store(true)
+		defer p.wbLong.Store(false)
+	}
 	for k > 0 {
 		first, _ := p.snapshot()
 		n := min(k, pcWriteBackBatch)

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/stack"
@@ -1508,45 +1509,83 @@ type pcWaiter struct{ n atomic.Int32 }
 
 func (w *pcWaiter) Waiting() { w.n.Add(1) }
 
-// TestPowercutWaiting: a flush with more than a batch of entries to write
-// back, and the write that destages, tell their transport that they wait;
-// a cached write, and a flush of a few entries, do not.
+// pcGateDev is a memory device that can hold one write until released.
+type pcGateDev struct {
+	*stack.MemDevice
+	hold    atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (d *pcGateDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if d.hold.CompareAndSwap(true, false) {
+		d.held <- struct{}{}
+		<-d.release
+	}
+	return d.MemDevice.WriteAt(ctx, p, off)
+}
+
+// TestPowercutWaiting: the requests that write back a lot (a flush of more
+// than 1024 entries, the write that destages 4 MiB), and those that wait
+// for such a write-back, tell their transport that they wait; cached
+// writes, and a flush of a few entries, do not.
 func TestPowercutWaiting(t *testing.T) {
-	dev := newPCRecDev("mem", 1024)
-	pc := newPC(t, dev, "2 cache_sectors 256")
+	dev := &pcGateDev{MemDevice: stack.NewMemDevice("mem", 64<<20), held: make(chan struct{}), release: make(chan struct{})}
+	pc := newPC(t, dev, "")
 	var w pcWaiter
 	ctx := stack.WithWaiter(context.Background(), &w)
 	flush := pc.Target.(stack.Flusher).Flush
-	b := fill(1, pcSector)
-	for i := range 4 {
-		if _, err := pc.WriteAt(ctx, b, int64(i)*pcSector); err != nil {
-			t.Fatal(err)
+	writes := func(ctx context.Context, n int) {
+		t.Helper()
+		b := fill(1, 4096)
+		for i := range n {
+			if _, err := pc.WriteAt(ctx, b, int64(i)*4096); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	calls := func(what string, want int32) {
+		t.Helper()
+		if n := w.n.Swap(0); n != want {
+			t.Fatalf("%s: %d calls of Waiting, want %d", what, n, want)
+		}
+	}
+	writes(ctx, 4)
 	if err := flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := w.n.Load(); n != 0 {
-		t.Fatalf("4 cached writes and a flush of them: %d calls of Waiting, want 0", n)
-	}
-	for i := range 40 {
-		if _, err := pc.WriteAt(ctx, b, int64(i)*pcSector); err != nil {
-			t.Fatal(err)
-		}
-	}
+	calls("4 cached writes and a flush of them", 0)
+	writes(ctx, 1100)
+	calls("1100 cached writes", 0)
 	if err := flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := w.n.Load(); n != 1 {
-		t.Fatalf("a flush of 40 entries: %d calls of Waiting, want 1", n)
+	calls("a flush of 1100 entries", 1)
+
+	// A FUA write that finds a long write-back under way.
+	writes(context.Background(), 1100)
+	dev.hold.Store(true)
+	errs := make(chan error, 2)
+	go func() { errs <- flush(context.Background()) }()
+	<-dev.held
+	go func() {
+		_, err := pc.WriteAt(stack.WithFUA(ctx), fill(2, 4096), 0)
+		errs <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(dev.release)
+			t.Fatal("a FUA write behind a flush of 1100 entries did not call Waiting")
+		}
 	}
-	w.n.Store(0)
-	for i := range 257 {
-		if _, err := pc.WriteAt(ctx, b, int64(i)*pcSector); err != nil {
+	close(dev.release)
+	for range 2 {
+		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := w.n.Load(); n != 1 {
-		t.Fatalf("257 writes into a cache of 256 sectors: %d calls of Waiting, want 1 (the destage)", n)
-	}
+	calls("a FUA write behind a flush of 1100 entries", 1)
+
+	writes(ctx, 65536*pcSector/4096+1)
+	calls("writes into the whole cache and one more", 1)
 }
