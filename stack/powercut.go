@@ -44,13 +44,26 @@ const pcSeedStream = 0x5eed_c0de_9e37_79b9
 
 // powercut is one constructed powercut target.
 //
-// Locks: mu guards the cache (list, index, counters) and is never held
-// during device I/O. wb orders what reaches the device: writing cached
-// entries back (a flush, a destage, a cut) holds it exclusively, a FUA write
-// holds it shared. Entries are written back oldest first, always a prefix of
-// the list, so that overlapping writes reach the device in arrival order; a
-// FUA write masks the older cached entries it overlaps (holes), so that none
-// of them can later land on top of it.
+// Locks, in the order they are taken: wb, the index's stripes (ascending),
+// masks, list, then room and msg on their own. No lock is held during
+// device I/O but wb.
+//
+//   - wb orders what reaches the device: writing cached entries back (a
+//     flush, a destage, a cut) holds it exclusively, a FUA write and the
+//     dirty report hold it shared. Entries are written back oldest first,
+//     always a prefix of the list, so that overlapping writes reach the
+//     device in arrival order; a FUA write masks the older cached entries
+//     it overlaps (holes), so that none of them can later land on top of
+//     it. Only a holder of wb exclusively takes entries off the list.
+//   - The index is locked a stripe of chunks at a time: a write holds the
+//     stripes of its range while it joins the list and the index, so that
+//     two overlapping writes join both in the same order, and writes to
+//     other chunks do not wait for each other. A cut holds every stripe.
+//   - list guards the arrival list and its counters, for a few
+//     instructions at a time.
+//
+// The counters are atomic so that the write path (the bound) and reads of
+// an empty cache take no lock.
 type powercut struct {
 	dev   BlockDevice
 	start int64 // offset on dev, bytes
@@ -60,41 +73,54 @@ type powercut struct {
 	hasLimit bool
 
 	wb sync.RWMutex
+	// wbLong is set while wb is held for a write-back of more than
+	// pcLongWriteBack entries.
+	wbLong atomic.Bool
 	// memory is Ctor.Memory; reserved what the cache accounted there.
 	memory   func(n int64)
 	reserved int64
 
-	down    atomic.Bool  // written under mu
-	ncached atomic.Int64 // mirrors count, so that reads of an empty cache skip mu
+	down atomic.Bool // changed under wb and every stripe
+
+	// gen changes whenever data leaves the index without being newer:
+	// written back, masked by a FUA write, or cut. A read that went to the
+	// device without its stripes held tries again when it changed.
+	gen atomic.Uint64
+
+	count   atomic.Int64 // entries cached; changed under list
+	sectors atomic.Int64 // sectors they touch; changed under list
 
 	flushes  atomic.Uint64
 	fuas     atomic.Uint64
 	destaged atomic.Uint64 // entries written back, by any means but a cut
 
-	mu struct {
+	idx pcIndex
+
+	// masks serialises FUA writes masking cached entries.
+	masks sync.Mutex
+
+	list struct {
 		sync.Mutex
 		head, tail *pcEntry // arrival order
-		count      int64    // entries cached
-		sectors    int64    // sectors they cover
-		seq        uint64   // last entry's number
-		// gen changes whenever data leaves the index without being newer:
-		// written back, masked by a FUA write, or cut. A read that went to
-		// the device without mu held tries again when it changed.
-		gen uint64
-		idx pcIndex
+	}
 
+	// destaging is set, under room, while a write destages for all: writes
+	// that find the cache over its bound meanwhile carry on, unless it
+	// holds more than 9/8 of the bound (hard); those wait on room.cond,
+	// which a batch of the write-back signals when the cache is back under
+	// that, instead of queueing on wb for the whole write-back.
+	destaging atomic.Bool
+	waiters   atomic.Int32 // writes waiting on room.cond
+	room      struct {
+		sync.Mutex
+		cond sync.Cond
+	}
+
+	msg struct {
+		sync.Mutex
 		cuts     uint64
 		lastMode string // "none", "all", "random" or "torn"
 		lastSeed uint64
-
-		// destaging is set while a write destages for all: writes that
-		// find the cache over its bound meanwhile carry on, unless it
-		// holds more than 9/8 of the bound (hard); those wait on room,
-		// which a batch of the write-back signals when the cache is back
-		// under that, instead of queueing on wb for the whole write-back.
-		destaging bool
-		waiters   int // writes waiting on room
-		room      sync.Cond
 	}
 }
 
@@ -125,14 +151,13 @@ type pcSpan struct{ off, end int64 }
 // once it is in the list.
 type pcEntry struct {
 	next *pcEntry
-	seq  uint64
 	kind pcKind
 	off  int64  // segment bytes
 	end  int64  // segment bytes
 	data []byte // pcWrite: the cached copy, end-off bytes
 	buf  *[]byte
 	// holes are the parts a later FUA write replaced on the device: never
-	// written back. Sorted, disjoint. Changed under wb (shared) and mu.
+	// written back. Sorted, disjoint. Changed under wb (shared) and masks.
 	holes []pcSpan
 }
 
@@ -333,9 +358,9 @@ func newPowercut(c *Ctor, args []string) (Target, error) {
 		p.reserved = 2 * p.limit * SectorSize
 		p.memory(p.reserved)
 	}
-	p.mu.lastMode = "none"
-	p.mu.idx.init(c.Len * SectorSize)
-	p.mu.room.L = &p.mu.Mutex
+	p.msg.lastMode = "none"
+	p.idx.init(c.Len * SectorSize)
+	p.room.cond.L = &p.room.Mutex
 	return p, nil
 }
 
@@ -345,29 +370,29 @@ func (p *powercut) ReadAt(ctx context.Context, b []byte, off int64) (int, error)
 	if p.down.Load() {
 		return 0, syscall.EIO
 	}
-	if p.ncached.Load() == 0 {
+	if p.count.Load() == 0 {
 		// Nothing cached when the read started: whatever is cached now
 		// came concurrently with it.
 		return p.dev.ReadAt(ctx, b, p.start+off)
 	}
 	end := off + int64(len(b))
 	for try := 0; ; try++ {
-		p.mu.Lock()
+		m := p.idx.lock(off, end)
 		if p.down.Load() {
-			p.mu.Unlock()
+			p.idx.unlock(m)
 			return 0, syscall.EIO
 		}
-		if p.mu.idx.covers(off, end) {
-			p.mu.idx.read(b, off)
-			p.mu.Unlock()
+		if p.idx.covers(off, end) {
+			p.idx.read(b, off)
+			p.idx.unlock(m)
 			return len(b), nil
 		}
-		gen := p.mu.gen
-		p.mu.Unlock()
+		gen := p.gen.Load()
+		p.idx.unlock(m)
 		// After a few reads raced with write-backs, hold them off.
 		held := try >= 3
 		if held {
-			p.wb.Lock()
+			p.lockWB(ctx)
 		}
 		n, err := p.dev.ReadAt(ctx, b, p.start+off)
 		if err != nil {
@@ -376,12 +401,12 @@ func (p *powercut) ReadAt(ctx context.Context, b []byte, off int64) (int, error)
 			}
 			return n, err
 		}
-		p.mu.Lock()
-		ok := p.mu.gen == gen || held
+		m = p.idx.lock(off, end)
+		ok := p.gen.Load() == gen || held
 		if ok {
-			p.mu.idx.read(b, off)
+			p.idx.read(b, off)
 		}
-		p.mu.Unlock()
+		p.idx.unlock(m)
 		if held {
 			p.wb.Unlock()
 		}
@@ -435,30 +460,31 @@ func (p *powercut) span(ctx context.Context, kind pcKind, off, n int64) error {
 // add caches e, or writes it through when it is larger than the cache, and
 // destages the oldest entries while the cache is over its bound.
 func (p *powercut) add(ctx context.Context, e *pcEntry) error {
-	if e.sectors() > p.limit {
+	s := e.sectors()
+	if s > p.limit {
 		return p.writeThrough(ctx, e)
 	}
-	p.mu.Lock()
+	m := p.idx.lock(e.off, e.end)
 	if p.down.Load() {
-		p.mu.Unlock()
+		p.idx.unlock(m)
 		pcFreeEntry(e)
 		return syscall.EIO
 	}
-	p.mu.seq++
-	e.seq = p.mu.seq
-	if p.mu.tail == nil {
-		p.mu.head = e
+	p.list.Lock()
+	if p.list.tail == nil {
+		p.list.head = e
 	} else {
-		p.mu.tail.next = e
+		p.list.tail.next = e
 	}
-	p.mu.tail = e
-	p.mu.idx.put(e.off, e.end, e)
-	p.mu.count++
-	p.mu.sectors += e.sectors()
-	p.ncached.Store(p.mu.count)
-	over := p.mu.sectors > p.limit
-	p.mu.Unlock()
-	if over {
+	p.list.tail = e
+	p.count.Add(1)
+	total := p.sectors.Add(s)
+	p.list.Unlock()
+	// A write-back that takes e off the list meanwhile clears it from the
+	// index under these stripes: after this.
+	p.idx.put(e.off, e.end, e)
+	p.idx.unlock(m)
+	if total > p.limit {
 		return p.makeRoom(ctx)
 	}
 	return nil
@@ -474,56 +500,82 @@ func (p *powercut) hard() int64 { return p.limit + p.limit/8 }
 // itself. The writes that come while one destages thus go on as long as
 // the write-back keeps up, and wake once each when it does not.
 func (p *powercut) makeRoom(ctx context.Context) error {
-	p.mu.Lock()
-	for p.mu.sectors > p.hard() && p.mu.destaging && !p.down.Load() {
-		p.mu.waiters++
-		p.mu.room.Wait()
-		p.mu.waiters--
-	}
-	switch {
-	case p.down.Load():
-		p.mu.Unlock()
-		return syscall.EIO
-	case p.mu.sectors <= p.limit || p.mu.destaging:
-		p.mu.Unlock()
+	if p.destaging.Load() && p.sectors.Load() <= p.hard() {
 		return nil
 	}
-	p.mu.destaging = true
-	p.mu.Unlock()
+	p.room.Lock()
+	// waiters goes up before sectors is read, and drop lowers sectors
+	// before it reads waiters: one of the two sees the other.
+	p.waiters.Add(1)
+	for p.sectors.Load() > p.hard() && p.destaging.Load() && !p.down.Load() {
+		Waiting(ctx)
+		p.room.cond.Wait()
+	}
+	p.waiters.Add(-1)
+	switch {
+	case p.down.Load():
+		p.room.Unlock()
+		return syscall.EIO
+	case p.sectors.Load() <= p.limit || p.destaging.Load():
+		p.room.Unlock()
+		return nil
+	}
+	p.destaging.Store(true)
+	p.room.Unlock()
 	err := p.destage(ctx)
-	p.mu.Lock()
-	p.mu.destaging = false
-	p.mu.room.Broadcast()
-	p.mu.Unlock()
+	p.room.Lock()
+	p.destaging.Store(false)
+	p.room.cond.Broadcast()
+	p.room.Unlock()
 	return err
+}
+
+// wakeRoom wakes the writes waiting for room.
+func (p *powercut) wakeRoom() {
+	p.room.Lock()
+	p.room.cond.Broadcast()
+	p.room.Unlock()
+}
+
+// snapshot returns the oldest cached entry and how many are cached. The
+// first n-1 entries' next links may be followed without list held: they
+// were set before.
+func (p *powercut) snapshot() (*pcEntry, int64) {
+	p.list.Lock()
+	defer p.list.Unlock()
+	return p.list.head, p.count.Load()
 }
 
 // destage writes back the oldest entries, once the cache is over its bound,
 // until it holds at most 7/8 of the bound: a batch, so that the writes that
 // follow find room without waiting for wb one by one.
 func (p *powercut) destage(ctx context.Context) error {
-	p.wb.Lock()
+	p.lockWB(ctx)
 	defer p.wb.Unlock()
-	p.mu.Lock()
 	if p.down.Load() {
-		p.mu.Unlock()
 		return syscall.EIO
 	}
-	k := int64(0)
-	if p.mu.sectors > p.limit {
-		for e, excess := p.mu.head, p.mu.sectors-(p.limit-p.limit/8); excess > 0 && e != nil; e = e.next {
+	p.list.Lock()
+	e, n, total := p.list.head, p.count.Load(), p.sectors.Load()
+	p.list.Unlock()
+	k, excess := int64(0), total-(p.limit-p.limit/8)
+	long := excess > pcLongSectors
+	if total > p.limit {
+		for excess > 0 && k < n {
 			excess -= e.sectors()
-			k++
+			if k++; k < n {
+				e = e.next
+			}
 		}
 	}
-	p.mu.Unlock()
-	return p.writeBack(ctx, k)
+	return p.writeBack(ctx, k, long || k > pcLongEntries)
 }
 
 // writeThrough writes e, larger than the cache, to the device after every
 // cached entry, and frees it.
 func (p *powercut) writeThrough(ctx context.Context, e *pcEntry) error {
 	defer pcFreeEntry(e)
+	Waiting(ctx)
 	p.wb.Lock()
 	defer p.wb.Unlock()
 	if err := p.writeBackAllLocked(ctx); err != nil {
@@ -535,7 +587,12 @@ func (p *powercut) writeThrough(ctx context.Context, e *pcEntry) error {
 // writeFUA writes b through to the device and masks the cached entries it
 // overlaps, so that they neither show over it nor land on it later.
 func (p *powercut) writeFUA(ctx context.Context, b []byte, off int64) (int, error) {
-	p.wb.RLock()
+	if !p.wb.TryRLock() {
+		if p.wbLong.Load() {
+			Waiting(ctx)
+		}
+		p.wb.RLock()
+	}
 	defer p.wb.RUnlock()
 	if p.down.Load() {
 		return 0, syscall.EIO
@@ -545,17 +602,25 @@ func (p *powercut) writeFUA(ctx context.Context, b []byte, off int64) (int, erro
 		return n, err
 	}
 	end := off + int64(len(b))
-	p.mu.Lock()
-	if p.mu.count > 0 {
-		for e := p.mu.head; e != nil; e = e.next {
+	// With the range's stripes held no write overlapping it joins the
+	// list; with wb held (shared) none leaves it.
+	m := p.idx.lock(off, end)
+	if p.count.Load() > 0 {
+		p.gen.Add(1)
+		p.masks.Lock()
+		e, k := p.snapshot()
+		for ; k > 0; k-- {
 			if e.off < end && off < e.end {
 				e.mask(max(e.off, off), min(e.end, end))
 			}
+			if k > 1 {
+				e = e.next
+			}
 		}
-		p.mu.idx.clear(off, end, nil)
-		p.mu.gen++
+		p.masks.Unlock()
+		p.idx.clear(off, end, nil)
 	}
-	p.mu.Unlock()
+	p.idx.unlock(m)
 	p.fuas.Add(1)
 	return n, nil
 }
@@ -567,7 +632,7 @@ func (p *powercut) Flush(ctx context.Context) error {
 		return syscall.EIO
 	}
 	p.flushes.Add(1)
-	p.wb.Lock()
+	p.lockWB(ctx)
 	err := p.writeBackAllLocked(ctx)
 	p.wb.Unlock()
 	if err != nil {
@@ -579,16 +644,37 @@ func (p *powercut) Flush(ctx context.Context) error {
 	return p.dev.Flush(ctx)
 }
 
+// lockWB takes wb exclusively. A request that finds it held by a long
+// write-back is going to wait for longer than a round trip, and tells its
+// transport (stack.Waiting): on io_uring the requests behind it then go on
+// on another thread. A short write-back is not worth the hand-off.
+func (p *powercut) lockWB(ctx context.Context) {
+	if !p.wb.TryLock() {
+		if p.wbLong.Load() {
+			Waiting(ctx)
+		}
+		p.wb.Lock()
+	}
+}
+
+// A write-back of more than pcLongEntries entries or pcLongSectors sectors
+// is long: its request tells its transport that it waits (4 MiB, or 1024
+// writes: milliseconds). A shorter one is cheaper than a hand-off of the
+// queue.
+const (
+	pcLongEntries = 1024
+	pcLongSectors = 8192
+)
+
 // writeBackAllLocked writes back every cached entry; the caller holds wb.
 func (p *powercut) writeBackAllLocked(ctx context.Context) error {
-	p.mu.Lock()
 	if p.down.Load() {
-		p.mu.Unlock()
 		return syscall.EIO
 	}
-	k := p.mu.count
-	p.mu.Unlock()
-	return p.writeBack(ctx, k)
+	p.list.Lock()
+	k, sectors := p.count.Load(), p.sectors.Load()
+	p.list.Unlock()
+	return p.writeBack(ctx, k, k > pcLongEntries || sectors > pcLongSectors)
 }
 
 // pcWriteBackBatch is how many written-back entries leave the cache at a
@@ -597,13 +683,17 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 const pcWriteBackBatch = 32
 
 // writeBack writes the k oldest entries to the device in order, dropping
-// them from the cache pcWriteBackBatch at a time. The caller holds wb
-// exclusively: nothing else takes entries off the head of the list.
-func (p *powercut) writeBack(ctx context.Context, k int64) error {
+// them from the cache pcWriteBackBatch at a time; long says they make a
+// long write-back. The caller holds wb exclusively: nothing else takes
+// entries off the head of the list.
+func (p *powercut) writeBack(ctx context.Context, k int64, long bool) error {
+	if long {
+		Waiting(ctx)
+		p.wbLong.Store(true)
+		defer p.wbLong.Store(false)
+	}
 	for k > 0 {
-		p.mu.Lock()
-		first := p.mu.head
-		p.mu.Unlock()
+		first, _ := p.snapshot()
 		n := min(k, pcWriteBackBatch)
 		var err error
 		done := int64(0)
@@ -615,7 +705,7 @@ func (p *powercut) writeBack(ctx context.Context, k int64) error {
 				break
 			}
 		}
-		p.drop(done)
+		p.drop(first, done)
 		if err != nil {
 			return err
 		}
@@ -624,33 +714,36 @@ func (p *powercut) writeBack(ctx context.Context, k int64) error {
 	return nil
 }
 
-// drop takes the k oldest entries, written back, off the cache and frees
-// them.
-func (p *powercut) drop(k int64) {
+// drop takes the k oldest entries, from first, written back, off the cache
+// and frees them. The caller holds wb exclusively.
+func (p *powercut) drop(first *pcEntry, k int64) {
 	if k == 0 {
 		return
 	}
-	p.mu.Lock()
-	first, e := p.mu.head, p.mu.head
+	p.gen.Add(1)
 	var sectors int64
-	for range k {
-		p.mu.idx.clear(e.off, e.end, e)
+	e := first
+	for i := range k {
+		m := p.idx.lock(e.off, e.end)
+		p.idx.clear(e.off, e.end, e)
+		p.idx.unlock(m)
 		sectors += e.sectors()
-		e = e.next
+		if i < k-1 {
+			e = e.next
+		}
 	}
-	p.mu.head = e
-	if e == nil {
-		p.mu.tail = nil
+	p.list.Lock()
+	p.list.head = e.next
+	if p.list.head == nil {
+		p.list.tail = nil
 	}
-	p.mu.count -= k
-	p.mu.sectors -= sectors
-	p.mu.gen++
-	p.ncached.Store(p.mu.count)
-	if p.mu.waiters > 0 && p.mu.sectors <= p.hard() {
-		p.mu.room.Broadcast()
-	}
-	p.mu.Unlock()
+	p.count.Add(-k)
+	left := p.sectors.Add(-sectors)
+	p.list.Unlock()
 	p.destaged.Add(uint64(k))
+	if p.waiters.Load() > 0 && left <= p.hard() {
+		p.wakeRoom()
+	}
 	for e = first; k > 0; k-- {
 		next := e.next
 		pcFreeEntry(e)
@@ -704,12 +797,14 @@ func (p *powercut) Message(ctx context.Context, args []string) (string, error) {
 		if len(args) > 1 {
 			return "", pcMsgError("power_on takes no arguments")
 		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
+		p.wb.Lock()
+		defer p.wb.Unlock()
 		if !p.down.Load() {
 			return "", pcMsgError("power_on: the power is already on")
 		}
+		m := p.idx.lockAll()
 		p.down.Store(false)
+		p.idx.unlock(m)
 		return "", nil
 	case strings.EqualFold(verb, "dirty"):
 		if len(args) > 1 {
@@ -752,22 +847,25 @@ func parseCut(args []string) (mode string, seed uint64, err error) {
 func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, error) {
 	p.wb.Lock()
 	defer p.wb.Unlock()
-	p.mu.Lock()
 	if p.down.Load() {
-		p.mu.Unlock()
 		return "", pcMsgError("power_cut: the power is already off")
 	}
+	m := p.idx.lockAll()
 	p.down.Store(true)
-	first, k, sectors := p.mu.head, p.mu.count, p.mu.sectors
-	p.mu.head, p.mu.tail = nil, nil
-	p.mu.count, p.mu.sectors = 0, 0
-	p.ncached.Store(0)
-	p.mu.idx.reset()
-	p.mu.gen++
-	p.mu.cuts++
-	p.mu.lastMode, p.mu.lastSeed = mode, seed
-	p.mu.room.Broadcast()
-	p.mu.Unlock()
+	p.list.Lock()
+	first, k, sectors := p.list.head, p.count.Load(), p.sectors.Load()
+	p.list.head, p.list.tail = nil, nil
+	p.count.Store(0)
+	p.sectors.Store(0)
+	p.list.Unlock()
+	p.gen.Add(1)
+	p.idx.reset()
+	p.idx.unlock(m)
+	p.msg.Lock()
+	p.msg.cuts++
+	p.msg.lastMode, p.msg.lastSeed = mode, seed
+	p.msg.Unlock()
+	p.wakeRoom()
 
 	rng := rand.New(rand.NewPCG(seed, pcSeedStream))
 	var survived, torn int64
@@ -810,19 +908,23 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 
 // dirty lists the cached entries.
 func (p *powercut) dirty() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.mu.count == 0 {
+	p.wb.RLock()
+	defer p.wb.RUnlock()
+	e, k := p.snapshot()
+	if k == 0 {
 		return "no cached writes"
 	}
 	var b strings.Builder
-	for e := p.mu.head; e != nil; e = e.next {
+	for ; k > 0; k-- {
 		b.WriteString(strconv.FormatInt(e.off/SectorSize, 10))
 		b.WriteByte('+')
 		b.WriteString(strconv.FormatInt(e.sectors(), 10))
 		b.WriteByte(' ')
 		b.WriteString(pcKindNames[e.kind])
 		b.WriteByte('\n')
+		if k > 1 {
+			e = e.next
+		}
 	}
 	return b.String()
 }
@@ -836,18 +938,21 @@ func (p *powercut) Status(t StatusType) string {
 		}
 		return s
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.list.Lock()
+	count, sectors := p.count.Load(), p.sectors.Load()
+	p.list.Unlock()
 	state := "up"
 	if p.down.Load() {
 		state = "down"
 	}
+	p.msg.Lock()
+	defer p.msg.Unlock()
 	seed := "-"
-	if p.mu.lastMode == "random" || p.mu.lastMode == "torn" {
-		seed = strconv.FormatUint(p.mu.lastSeed, 10)
+	if p.msg.lastMode == "random" || p.msg.lastMode == "torn" {
+		seed = strconv.FormatUint(p.msg.lastSeed, 10)
 	}
 	return fmt.Sprintf("%s cached %d %d flushes %d fua %d destaged %d cuts %d last_cut %s seed %s",
-		state, p.mu.count, p.mu.sectors, p.flushes.Load(), p.fuas.Load(), p.destaged.Load(), p.mu.cuts, p.mu.lastMode, seed)
+		state, count, sectors, p.flushes.Load(), p.fuas.Load(), p.destaged.Load(), p.msg.cuts, p.msg.lastMode, seed)
 }
 
 // Close implements Target: a cache still holding entries (the table was
@@ -894,10 +999,28 @@ const pcFlatKeep = 32
 // chunk, so that finding one touches no map: an index operation is bound by
 // the cache misses on the way to the extents. An empty chunk there has no
 // extents.
+//
+// Chunk ck belongs to stripe ck % pcStripes, whose lock guards it (and,
+// for a larger target, the map its chunks are kept in): lock and unlock
+// take the stripes of a range. The methods below expect the stripes of
+// the range they touch held, or no concurrency.
 type pcIndex struct {
-	flat   []pcChunk
+	flat    []pcChunk
+	stripes [pcStripes]pcStripe
+}
+
+// pcStripes is the number of stripes of an index: consecutive chunks fall
+// in different stripes, so a range of up to 64 MiB locks each stripe once.
+const pcStripes = 64
+
+// pcStripe is one lock of an index, and the chunks it guards when they are
+// kept in a map. It fills a cache line, so that stripes taken on two CPUs
+// do not share one.
+type pcStripe struct {
+	sync.Mutex
 	chunks map[int64]*pcChunk
 	free   []*pcChunk
+	_      [64 - 8 - 8 - 24]byte
 }
 
 // init sets the index up for a target of length bytes.
@@ -906,7 +1029,52 @@ func (x *pcIndex) init(length int64) {
 		x.flat = make([]pcChunk, n)
 		return
 	}
-	x.chunks = make(map[int64]*pcChunk)
+	for i := range x.stripes {
+		x.stripes[i].chunks = make(map[int64]*pcChunk)
+	}
+}
+
+// pcStripeMask returns the stripes [off, end) touches, as a bit mask.
+func pcStripeMask(off, end int64) uint64 {
+	first, last := off>>pcChunkShift, (end-1)>>pcChunkShift
+	if end <= off {
+		last = first
+	}
+	if last-first >= pcStripes-1 {
+		return ^uint64(0)
+	}
+	a, b := uint(first%pcStripes), uint(last%pcStripes)
+	lo := ^uint64(0) >> (63 - b) // stripes 0 to b
+	hi := ^(uint64(1)<<a - 1)    // stripes a to 63
+	if a <= b {
+		return lo & hi
+	}
+	return lo | hi
+}
+
+// lock takes the stripes of [off, end), in ascending order, and returns
+// them for unlock.
+func (x *pcIndex) lock(off, end int64) uint64 {
+	m := pcStripeMask(off, end)
+	for s := m; s != 0; s &= s - 1 {
+		x.stripes[bits.TrailingZeros64(s)].Lock()
+	}
+	return m
+}
+
+// lockAll takes every stripe.
+func (x *pcIndex) lockAll() uint64 {
+	for i := range x.stripes {
+		x.stripes[i].Lock()
+	}
+	return ^uint64(0)
+}
+
+// unlock releases the stripes of m.
+func (x *pcIndex) unlock(m uint64) {
+	for s := m; s != 0; s &= s - 1 {
+		x.stripes[bits.TrailingZeros64(s)].Unlock()
+	}
 }
 
 // get returns chunk ck, nil when it has no extents.
@@ -917,7 +1085,7 @@ func (x *pcIndex) get(ck int64) *pcChunk {
 		}
 		return nil
 	}
-	return x.chunks[ck]
+	return x.stripes[ck%pcStripes].chunks[ck]
 }
 
 // chunk returns chunk ck, making it when it has none.
@@ -925,14 +1093,15 @@ func (x *pcIndex) chunk(ck int64) *pcChunk {
 	if x.flat != nil {
 		return &x.flat[ck]
 	}
+	st := &x.stripes[ck%pcStripes]
 	var c *pcChunk
-	if c = x.chunks[ck]; c == nil {
-		if n := len(x.free); n > 0 {
-			c, x.free = x.free[n-1], x.free[:n-1]
+	if c = st.chunks[ck]; c == nil {
+		if n := len(st.free); n > 0 {
+			c, st.free = st.free[n-1], st.free[:n-1]
 		} else {
 			c = new(pcChunk)
 		}
-		x.chunks[ck] = c
+		st.chunks[ck] = c
 	}
 	return c
 }
@@ -945,8 +1114,9 @@ func (x *pcIndex) emptied(ck int64, c *pcChunk) {
 		}
 		return
 	}
-	delete(x.chunks, ck)
-	x.free = append(x.free, c)
+	st := &x.stripes[ck%pcStripes]
+	delete(st.chunks, ck)
+	st.free = append(st.free, c)
 }
 
 // reset empties the index.
@@ -957,10 +1127,13 @@ func (x *pcIndex) reset() {
 			x.emptied(int64(i), c)
 		}
 	}
-	for k, c := range x.chunks {
-		c.ext = c.ext[:0]
-		x.free = append(x.free, c)
-		delete(x.chunks, k)
+	for i := range x.stripes {
+		st := &x.stripes[i]
+		for k, c := range st.chunks {
+			c.ext = c.ext[:0]
+			st.free = append(st.free, c)
+			delete(st.chunks, k)
+		}
 	}
 }
 

@@ -115,3 +115,20 @@ func BenchmarkPowercutIndex(b *testing.B) {
 		})
 	}
 }
+
+// TestPowercutStripeMask: the stripes of a range are those of its chunks,
+// against a loop over them.
+func TestPowercutStripeMask(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 20000 {
+		off := rng.Int64N(200 << pcChunkShift)
+		end := off + 1 + rng.Int64N(int64(1+rng.IntN(100))<<pcChunkShift)
+		var want uint64
+		for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+			want |= 1 << (ck % pcStripes)
+		}
+		if got := pcStripeMask(off, end); got != want {
+			t.Fatalf("[%d, %d): mask %#x, want %#x", off, end, got, want)
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/stack"
@@ -754,6 +755,70 @@ func TestPowercutConcurrentCut(t *testing.T) {
 	}
 }
 
+// TestPowercutConcurrentOverlap runs writes, FUA writes, discards, reads
+// and flushes from several goroutines over one range of several index
+// chunks, each request of up to 300 KiB at any offset, so that requests
+// overlap each other (half of them about one chunk boundary) and cross
+// chunk (and lock stripe) boundaries, over a
+// cache small enough to destage all the time. Whatever order overlapping
+// requests took, the cache must have taken it everywhere: after the
+// workers stop, what reads return must be what a flush leaves on the
+// device.
+func TestPowercutConcurrentOverlap(t *testing.T) {
+	const workers, size = 8, 5 << 20
+	dev := newPCRecDev("mem", size/pcSector)
+	pc := newPC(t, dev, "2 cache_sectors 2048")
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 11))
+			ctx := context.Background()
+			got := make([]byte, 300<<10)
+			for i := range 1000 {
+				n := 1 + rng.IntN(300<<10)
+				off := rng.Int64N(size - int64(n))
+				if rng.IntN(2) == 0 {
+					// Most overlaps: small requests about a chunk boundary.
+					n = 1 + rng.IntN(16<<10)
+					off = 2<<20 - 16<<10 + rng.Int64N(16<<10)
+				}
+				var err error
+				switch r := rng.IntN(40); {
+				case r == 0:
+					err = pc.Target.(stack.Flusher).Flush(ctx)
+				case r < 3:
+					_, err = pc.WriteAt(stack.WithFUA(ctx), fill(byte(w<<6|i&63), n), off)
+				case r < 5:
+					err = pc.Target.(stack.Discarder).Discard(ctx, off, int64(n))
+				case r < 12:
+					_, err = pc.ReadAt(ctx, got[:n], off)
+				default:
+					_, err = pc.WriteAt(ctx, fill(byte(w<<6|i&63), n), off)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("worker %d op %d: %v", w, i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	before := pc.read(0, size)
+	pc.flush()
+	if !bytes.Equal(dev.Bytes(), before) {
+		t.Fatalf("a flush changed what reads return, first at byte %d", firstDiffPC(dev.Bytes(), before))
+	}
+	if got := pc.read(0, size); !bytes.Equal(got, before) {
+		t.Fatalf("after the flush reads differ from before it, first at byte %d", firstDiffPC(got, before))
+	}
+}
+
 // pcTargetDev presents a target as a BlockDevice, so that a target test can
 // stack one target on another without a Manager.
 type pcTargetDev struct {
@@ -1437,4 +1502,90 @@ func BenchmarkPowercutFull(b *testing.B) {
 			})
 		})
 	}
+}
+
+// pcWaiter counts the calls of stack.Waiting on its requests.
+type pcWaiter struct{ n atomic.Int32 }
+
+func (w *pcWaiter) Waiting() { w.n.Add(1) }
+
+// pcGateDev is a memory device that can hold one write until released.
+type pcGateDev struct {
+	*stack.MemDevice
+	hold    atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (d *pcGateDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if d.hold.CompareAndSwap(true, false) {
+		d.held <- struct{}{}
+		<-d.release
+	}
+	return d.MemDevice.WriteAt(ctx, p, off)
+}
+
+// TestPowercutWaiting: the requests that write back a lot (a flush of more
+// than 1024 entries, the write that destages 4 MiB), and those that wait
+// for such a write-back, tell their transport that they wait; cached
+// writes, and a flush of a few entries, do not.
+func TestPowercutWaiting(t *testing.T) {
+	dev := &pcGateDev{MemDevice: stack.NewMemDevice("mem", 64<<20), held: make(chan struct{}), release: make(chan struct{})}
+	pc := newPC(t, dev, "")
+	var w pcWaiter
+	ctx := stack.WithWaiter(context.Background(), &w)
+	flush := pc.Target.(stack.Flusher).Flush
+	writes := func(ctx context.Context, n int) {
+		t.Helper()
+		b := fill(1, 4096)
+		for i := range n {
+			if _, err := pc.WriteAt(ctx, b, int64(i)*4096); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	calls := func(what string, want int32) {
+		t.Helper()
+		if n := w.n.Swap(0); n != want {
+			t.Fatalf("%s: %d calls of Waiting, want %d", what, n, want)
+		}
+	}
+	writes(ctx, 4)
+	if err := flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calls("4 cached writes and a flush of them", 0)
+	writes(ctx, 1100)
+	calls("1100 cached writes", 0)
+	if err := flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	calls("a flush of 1100 entries", 1)
+
+	// A FUA write that finds a long write-back under way.
+	writes(context.Background(), 1100)
+	dev.hold.Store(true)
+	errs := make(chan error, 2)
+	go func() { errs <- flush(context.Background()) }()
+	<-dev.held
+	go func() {
+		_, err := pc.WriteAt(stack.WithFUA(ctx), fill(2, 4096), 0)
+		errs <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(dev.release)
+			t.Fatal("a FUA write behind a flush of 1100 entries did not call Waiting")
+		}
+	}
+	close(dev.release)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls("a FUA write behind a flush of 1100 entries", 1)
+
+	writes(ctx, 65536*pcSector/4096+1)
+	calls("writes into the whole cache and one more", 1)
 }
