@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -94,6 +95,7 @@ type powercut struct {
 	fuas     atomic.Uint64
 	destaged atomic.Uint64 // entries written back, by any means but a cut
 	around   atomic.Uint64 // writes written around a full cache
+	inAround atomic.Int64  // of them on their way; counted under their stripes
 
 	idx pcIndex
 
@@ -449,23 +451,27 @@ func (p *powercut) WriteAt(ctx context.Context, b []byte, off int64) (int, error
 // overlaps it, as a disk whose cache is full writes around it instead of
 // making the write wait for room; ok is false when an entry overlaps it
 // (the write then waits for room in the cache, so that it never lands
-// under older data). The write holds the stripes of its range while it
-// reaches the device, so that no overlapping write joins the cache before
-// it is there, and a cut, which takes every stripe, waits for it. A write
-// around is durable no earlier than a flush, as any write; it only reaches
-// the device before older writes a flush has not covered yet, which a real
-// cache may do as well.
+// under older data). A write that joins the cache while this one is on its
+// way is concurrent with it, and either may land last, as on any disk. A
+// cut waits for the writes around in flight (inAround), so that none
+// lands after it. A write around is durable no earlier than a flush, as
+// any write; it only reaches the device before older writes that no flush
+// has covered yet, which a real cache may do as well.
 func (p *powercut) writeAround(ctx context.Context, b []byte, off int64) (n int, ok bool, err error) {
 	end := off + int64(len(b))
 	m := p.idx.lock(off, end)
-	defer p.idx.unlock(m)
 	if p.down.Load() {
+		p.idx.unlock(m)
 		return 0, true, syscall.EIO
 	}
 	if p.idx.overlaps(off, end) {
+		p.idx.unlock(m)
 		return 0, false, nil
 	}
+	p.inAround.Add(1)
+	p.idx.unlock(m)
 	n, err = p.dev.WriteAt(ctx, b, p.start+off)
+	p.inAround.Add(-1)
 	p.around.Add(1)
 	return n, true, err
 }
@@ -895,6 +901,10 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 	p.gen.Add(1)
 	p.idx.reset()
 	p.idx.unlock(m)
+	// Every write around that saw the power on is counted: let it land.
+	for p.inAround.Load() > 0 {
+		runtime.Gosched()
+	}
 	p.msg.Lock()
 	p.msg.cuts++
 	p.msg.lastMode, p.msg.lastSeed = mode, seed
