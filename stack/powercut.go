@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -93,6 +94,8 @@ type powercut struct {
 	flushes  atomic.Uint64
 	fuas     atomic.Uint64
 	destaged atomic.Uint64 // entries written back, by any means but a cut
+	around   atomic.Uint64 // writes written around a full cache
+	inAround atomic.Int64  // of them on their way; counted under their stripes
 
 	idx pcIndex
 
@@ -272,8 +275,10 @@ func pcFreeEntry(e *pcEntry) {
 // sectors it touches. When it holds more than the bound, the oldest entries
 // are written back at once, until it holds at most 7/8 of the bound, as a
 // real cache destages (the write that crossed the bound waits for that; the
-// writes that come meanwhile wait only while the cache holds more than 9/8
-// of the bound). A request larger than the bound is written through, after
+// writes that come meanwhile go into the cache while it holds at most 9/8
+// of the bound; past that a write that overlaps no cached entry is written
+// around the cache, straight to the device, as a disk with a full cache
+// does, and one that overlaps a cached entry waits for room). A request larger than the bound is written through, after
 // every cached entry (so cache_sectors 0 is a disk without a volatile
 // cache). The cache lives in the daemon's memory: while the target lives
 // it accounts twice the bound in the daemon's memory plan (Ctor.Memory: the
@@ -308,10 +313,11 @@ func pcFreeEntry(e *pcEntry) {
 //
 // TABLE is "<dev> <offset>" plus " 2 cache_sectors <n>" when given. INFO is
 //
-//	<up|down> cached <entries> <sectors> flushes <n> fua <n> destaged <entries> cuts <n> last_cut <none|all|random|torn> seed <seed|->
+//	<up|down> cached <entries> <sectors> flushes <n> fua <n> destaged <entries> around <writes> cuts <n> last_cut <none|all|random|torn> seed <seed|->
 //
 // flushes counts flush requests, fua the FUA writes written through,
-// destaged the entries written back by flushes, the bound and suspends.
+// destaged the entries written back by flushes, the bound and suspends,
+// around the writes written around a full cache.
 func newPowercut(c *Ctor, args []string) (Target, error) {
 	if len(args) < 2 {
 		return nil, Errorf("Invalid argument count")
@@ -428,12 +434,46 @@ func (p *powercut) WriteAt(ctx context.Context, b []byte, off int64) (int, error
 	if FUA(ctx) {
 		return p.writeFUA(ctx, b, off)
 	}
+	if p.sectors.Load() > p.hard() {
+		if n, ok, err := p.writeAround(ctx, b, off); ok {
+			return n, err
+		}
+	}
 	e := pcNewEntry(pcWrite, off, int64(len(b)))
 	copy(e.data, b)
 	if err := p.add(ctx, e); err != nil {
 		return 0, err
 	}
 	return len(b), nil
+}
+
+// writeAround writes b straight to the device when no cached entry
+// overlaps it, as a disk whose cache is full writes around it instead of
+// making the write wait for room; ok is false when an entry overlaps it
+// (the write then waits for room in the cache, so that it never lands
+// under older data). A write that joins the cache while this one is on its
+// way is concurrent with it, and either may land last, as on any disk. A
+// cut waits for the writes around in flight (inAround), so that none
+// lands after it. A write around is durable no earlier than a flush, as
+// any write; it only reaches the device before older writes that no flush
+// has covered yet, which a real cache may do as well.
+func (p *powercut) writeAround(ctx context.Context, b []byte, off int64) (n int, ok bool, err error) {
+	end := off + int64(len(b))
+	m := p.idx.lock(off, end)
+	if p.down.Load() {
+		p.idx.unlock(m)
+		return 0, true, syscall.EIO
+	}
+	if p.idx.overlaps(off, end) {
+		p.idx.unlock(m)
+		return 0, false, nil
+	}
+	p.inAround.Add(1)
+	p.idx.unlock(m)
+	n, err = p.dev.WriteAt(ctx, b, p.start+off)
+	p.inAround.Add(-1)
+	p.around.Add(1)
+	return n, true, err
 }
 
 // Discard implements Discarder: the discard is cached like a write; a
@@ -861,6 +901,10 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 	p.gen.Add(1)
 	p.idx.reset()
 	p.idx.unlock(m)
+	// Every write around that saw the power on is counted: let it land.
+	for p.inAround.Load() > 0 {
+		runtime.Gosched()
+	}
 	p.msg.Lock()
 	p.msg.cuts++
 	p.msg.lastMode, p.msg.lastSeed = mode, seed
@@ -951,8 +995,8 @@ func (p *powercut) Status(t StatusType) string {
 	if p.msg.lastMode == "random" || p.msg.lastMode == "torn" {
 		seed = strconv.FormatUint(p.msg.lastSeed, 10)
 	}
-	return fmt.Sprintf("%s cached %d %d flushes %d fua %d destaged %d cuts %d last_cut %s seed %s",
-		state, count, sectors, p.flushes.Load(), p.fuas.Load(), p.destaged.Load(), p.msg.cuts, p.msg.lastMode, seed)
+	return fmt.Sprintf("%s cached %d %d flushes %d fua %d destaged %d around %d cuts %d last_cut %s seed %s",
+		state, count, sectors, p.flushes.Load(), p.fuas.Load(), p.destaged.Load(), p.around.Load(), p.msg.cuts, p.msg.lastMode, seed)
 }
 
 // Close implements Target: a cache still holding entries (the table was
@@ -1220,6 +1264,21 @@ func (x *pcIndex) clear(off, end int64, only *pcEntry) {
 			x.emptied(ck, c)
 		}
 	}
+}
+
+// overlaps reports whether any byte of [off, end) is cached.
+func (x *pcIndex) overlaps(off, end int64) bool {
+	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+		c := x.get(ck)
+		if c == nil {
+			continue
+		}
+		a, b := chunkSpan(ck, off, end)
+		if i := c.search(a); i < len(c.ext) && c.ext[i].off < b {
+			return true
+		}
+	}
+	return false
 }
 
 // covers reports whether every byte of [off, end) is cached.

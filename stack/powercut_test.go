@@ -230,7 +230,7 @@ func TestPowercutFlushOrder(t *testing.T) {
 	if l := dev.take(); strings.Join(l, ",") != "flush" {
 		t.Errorf("a flush of an empty cache sent %v, want only the device flush", l)
 	}
-	if got, want := pc.Status(stack.StatusInfo), "up cached 0 0 flushes 2 fua 0 destaged 4 cuts 0 last_cut none seed -"; got != want {
+	if got, want := pc.Status(stack.StatusInfo), "up cached 0 0 flushes 2 fua 0 destaged 4 around 0 cuts 0 last_cut none seed -"; got != want {
 		t.Errorf("status %q, want %q", got, want)
 	}
 }
@@ -298,7 +298,7 @@ func TestPowercutBound(t *testing.T) {
 	if l := dev.take(); strings.Join(l, ",") != "w 4096 4096" {
 		t.Fatalf("6 sectors over the bound the device got %v, want the oldest write", l)
 	}
-	if got, want := pc.Status(stack.StatusInfo), "up cached 2 14 flushes 0 fua 0 destaged 2 cuts 0 last_cut none seed -"; got != want {
+	if got, want := pc.Status(stack.StatusInfo), "up cached 2 14 flushes 0 fua 0 destaged 2 around 0 cuts 0 last_cut none seed -"; got != want {
 		t.Errorf("status %q, want %q", got, want)
 	}
 	pc.write(fill('e', 17*pcSector), 64*pcSector)
@@ -959,7 +959,7 @@ func TestPowercutUnderMultipath(t *testing.T) {
 	if st := mp.FormatTable(stack.StatusInfo, false); !strings.Contains(st, "pc F 1") {
 		t.Errorf("the path did not fail: %q", st)
 	}
-	if st := m.Lookup("pc").FormatTable(stack.StatusInfo, false); st != "0 2048 powercut down cached 0 0 flushes 1 fua 1 destaged 1 cuts 1 last_cut all seed -\n" {
+	if st := m.Lookup("pc").FormatTable(stack.StatusInfo, false); st != "0 2048 powercut down cached 0 0 flushes 1 fua 1 destaged 1 around 0 cuts 1 last_cut all seed -\n" {
 		t.Errorf("pc status: %q", st)
 	}
 	if _, err := m.Message(ctx, "pc", 0, []string{"power_on"}); err != nil {
@@ -1356,7 +1356,7 @@ func TestPowercutUnderLogWrites(t *testing.T) {
 	}
 	m, img, _ := pcLogStack(t, [2]string{"pc", "0 2048 powercut IMG 0"}, [2]string{"lw", "0 2048 log-writes pc " + logImg})
 	pcLogWorkload(t, m, "lw")
-	if st := m.Lookup("pc").FormatTable(stack.StatusInfo, false); st != "0 2048 powercut down cached 0 0 flushes 1 fua 1 destaged 1 cuts 1 last_cut all seed -\n" {
+	if st := m.Lookup("pc").FormatTable(stack.StatusInfo, false); st != "0 2048 powercut down cached 0 0 flushes 1 fua 1 destaged 1 around 0 cuts 1 last_cut all seed -\n" {
 		t.Errorf("pc status: %q", st)
 	}
 	if _, err := m.Message(context.Background(), "pc", 0, []string{"power_on"}); err != nil {
@@ -1588,4 +1588,63 @@ func TestPowercutWaiting(t *testing.T) {
 
 	writes(ctx, 65536*pcSector/4096+1)
 	calls("writes into the whole cache and one more", 1)
+}
+
+// TestPowercutWriteAround: while a destage is under way and the cache holds
+// more than 9/8 of its bound, a write that overlaps no cached entry goes
+// straight to the device (status counts it under around, not among the
+// cached entries), and one that overlaps a cached entry waits for room in the
+// cache; at the end a flush leaves every write on the device.
+func TestPowercutWriteAround(t *testing.T) {
+	dev := &pcGateDev{MemDevice: stack.NewMemDevice("mem", 4<<20), held: make(chan struct{}), release: make(chan struct{})}
+	pc := newPC(t, dev, "2 cache_sectors 256")
+	want := make([]byte, 4<<20)
+	write := func(b []byte, off int64) {
+		t.Helper()
+		pc.write(b, off)
+		copy(want[off:], b)
+	}
+	for i := range 32 {
+		write(fill(byte(i+1), 4096), int64(i)*4096)
+	}
+	dev.hold.Store(true)
+	var wg sync.WaitGroup
+	b := fill(0xd0, 4096)
+	copy(want[128<<10:], b)
+	wg.Go(func() { pc.WriteAt(context.Background(), b, 128<<10) }) // crosses the bound: destages
+	<-dev.held
+	for i := range 3 {
+		write(fill(byte(0x40+i), 4096), 1<<20+int64(i)*4096)
+	}
+	small := fill(0xe0, 512)
+	copy(want[2<<20:], small)
+	wg.Go(func() { pc.WriteAt(context.Background(), small, 2<<20) }) // past 9/8: waits for room
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(pc.Status(stack.StatusInfo), "cached 37 289 "); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(dev.release)
+			t.Fatalf("the cache did not reach 289 sectors: %s", pc.Status(stack.StatusInfo))
+		}
+	}
+	around := fill(0xa0, 4096)
+	write(around, 3<<20)
+	if got := dev.Bytes()[3<<20 : 3<<20+4096]; !bytes.Equal(got, around) {
+		close(dev.release)
+		t.Fatal("a write that overlaps no cached entry, past 9/8 of the bound, did not reach the device at once")
+	}
+	if st := pc.Status(stack.StatusInfo); !strings.Contains(st, "cached 37 289 ") || !strings.Contains(st, " around 1 ") {
+		close(dev.release)
+		t.Fatalf("status %q after a write around the cache: want it not cached, and counted", st)
+	}
+	over := fill(0xb0, 4096)
+	copy(want[4096:], over)
+	wg.Go(func() { pc.WriteAt(context.Background(), over, 4096) }) // overlaps a cached entry: waits
+	close(dev.release)
+	wg.Wait()
+	pc.flush()
+	if !bytes.Equal(dev.Bytes(), want) {
+		t.Fatalf("after the flush the device differs from the writes at byte %d", firstDiffPC(dev.Bytes(), want))
+	}
+	if st := pc.Status(stack.StatusInfo); !strings.Contains(st, " around 1 ") {
+		t.Fatalf("status %q: want exactly the one write around the cache", st)
+	}
 }
