@@ -74,8 +74,8 @@ type powercut struct {
 	hasLimit bool
 
 	wb sync.RWMutex
-	// wbLong is set while wb is held for a write-back of more than
-	// pcLongWriteBack entries.
+	// wbLong is set while wb is held for a long write-back (pcLongEntries,
+	// pcLongSectors).
 	wbLong atomic.Bool
 	// memory is Ctor.Memory; reserved what the cache accounted there.
 	memory   func(n int64)
@@ -278,9 +278,9 @@ func pcFreeEntry(e *pcEntry) {
 // writes that come meanwhile go into the cache while it holds at most 9/8
 // of the bound; past that a write that overlaps no cached entry is written
 // around the cache, straight to the device, as a disk with a full cache
-// does, and one that overlaps a cached entry waits for room). A request larger than the bound is written through, after
-// every cached entry (so cache_sectors 0 is a disk without a volatile
-// cache). The cache lives in the daemon's memory: while the target lives
+// does, and one that overlaps a cached entry waits for room). A request
+// larger than the bound is written through, after every cached entry (so
+// cache_sectors 0 is a disk without a volatile cache). The cache lives in the daemon's memory: while the target lives
 // it accounts twice the bound in the daemon's memory plan (Ctor.Memory: the
 // cache, up to 9/8 of the bound, and the buffers its pools keep; dmfuse
 // mount raises its soft memory limit, --memory-limit, by that), so that a
@@ -577,13 +577,28 @@ func (p *powercut) wakeRoom() {
 	p.room.Unlock()
 }
 
-// snapshot returns the oldest cached entry and how many are cached. The
-// first n-1 entries' next links may be followed without list held: they
-// were set before.
-func (p *powercut) snapshot() (*pcEntry, int64) {
+// snapshot returns the oldest cached entry, how many entries are cached and
+// the sectors they touch, read together. The first n-1 entries' next links
+// may be followed without list held (pcWalk): they were set before.
+func (p *powercut) snapshot() (head *pcEntry, n, sectors int64) {
 	p.list.Lock()
 	defer p.list.Unlock()
-	return p.list.head, p.count.Load()
+	return p.list.head, p.count.Load(), p.sectors.Load()
+}
+
+// pcWalk calls f on the k entries from first, in list order, until f
+// returns false, and returns the last entry it called f on. It follows a
+// next link only to an entry it visits, so that the last entry's link,
+// which a write joining the list may be setting, is never read.
+func pcWalk(first *pcEntry, k int64, f func(e *pcEntry) bool) *pcEntry {
+	e := first
+	for ; k > 0; k-- {
+		if !f(e) || k == 1 {
+			break
+		}
+		e = e.next
+	}
+	return e
 }
 
 // destage writes back the oldest entries, once the cache is over its bound,
@@ -595,18 +610,15 @@ func (p *powercut) destage(ctx context.Context) error {
 	if p.down.Load() {
 		return syscall.EIO
 	}
-	p.list.Lock()
-	e, n, total := p.list.head, p.count.Load(), p.sectors.Load()
-	p.list.Unlock()
+	first, n, total := p.snapshot()
 	k, excess := int64(0), total-(p.limit-p.limit/8)
 	long := excess > pcLongSectors
 	if total > p.limit {
-		for excess > 0 && k < n {
+		pcWalk(first, n, func(e *pcEntry) bool {
 			excess -= e.sectors()
-			if k++; k < n {
-				e = e.next
-			}
-		}
+			k++
+			return excess > 0
+		})
 	}
 	return p.writeBack(ctx, k, long || k > pcLongEntries)
 }
@@ -648,15 +660,13 @@ func (p *powercut) writeFUA(ctx context.Context, b []byte, off int64) (int, erro
 	if p.count.Load() > 0 {
 		p.gen.Add(1)
 		p.masks.Lock()
-		e, k := p.snapshot()
-		for ; k > 0; k-- {
+		first, k, _ := p.snapshot()
+		pcWalk(first, k, func(e *pcEntry) bool {
 			if e.off < end && off < e.end {
 				e.mask(max(e.off, off), min(e.end, end))
 			}
-			if k > 1 {
-				e = e.next
-			}
-		}
+			return true
+		})
 		p.masks.Unlock()
 		p.idx.clear(off, end, nil)
 	}
@@ -711,9 +721,7 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 	if p.down.Load() {
 		return syscall.EIO
 	}
-	p.list.Lock()
-	k, sectors := p.count.Load(), p.sectors.Load()
-	p.list.Unlock()
+	_, k, sectors := p.snapshot()
 	return p.writeBack(ctx, k, k > pcLongEntries || sectors > pcLongSectors)
 }
 
@@ -733,18 +741,16 @@ func (p *powercut) writeBack(ctx context.Context, k int64, long bool) error {
 		defer p.wbLong.Store(false)
 	}
 	for k > 0 {
-		first, _ := p.snapshot()
-		n := min(k, pcWriteBackBatch)
+		first, _, _ := p.snapshot()
 		var err error
 		done := int64(0)
-		for e := first; ; e = e.next {
+		pcWalk(first, min(k, pcWriteBackBatch), func(e *pcEntry) bool {
 			if err = p.writeEntry(ctx, e, e.end-e.off); err != nil {
-				break
+				return false
 			}
-			if done++; done == n {
-				break
-			}
-		}
+			done++
+			return true
+		})
 		p.drop(first, done)
 		if err != nil {
 			return err
@@ -762,18 +768,15 @@ func (p *powercut) drop(first *pcEntry, k int64) {
 	}
 	p.gen.Add(1)
 	var sectors int64
-	e := first
-	for i := range k {
+	last := pcWalk(first, k, func(e *pcEntry) bool {
 		m := p.idx.lock(e.off, e.end)
 		p.idx.clear(e.off, e.end, e)
 		p.idx.unlock(m)
 		sectors += e.sectors()
-		if i < k-1 {
-			e = e.next
-		}
-	}
+		return true
+	})
 	p.list.Lock()
-	p.list.head = e.next
+	p.list.head = last.next
 	if p.list.head == nil {
 		p.list.tail = nil
 	}
@@ -784,7 +787,7 @@ func (p *powercut) drop(first *pcEntry, k int64) {
 	if p.waiters.Load() > 0 && left <= p.hard() {
 		p.wakeRoom()
 	}
-	for e = first; k > 0; k-- {
+	for e := first; k > 0; k-- {
 		next := e.next
 		pcFreeEntry(e)
 		e = next
@@ -954,22 +957,20 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 func (p *powercut) dirty() string {
 	p.wb.RLock()
 	defer p.wb.RUnlock()
-	e, k := p.snapshot()
+	first, k, _ := p.snapshot()
 	if k == 0 {
 		return "no cached writes"
 	}
 	var b strings.Builder
-	for ; k > 0; k-- {
+	pcWalk(first, k, func(e *pcEntry) bool {
 		b.WriteString(strconv.FormatInt(e.off/SectorSize, 10))
 		b.WriteByte('+')
 		b.WriteString(strconv.FormatInt(e.sectors(), 10))
 		b.WriteByte(' ')
 		b.WriteString(pcKindNames[e.kind])
 		b.WriteByte('\n')
-		if k > 1 {
-			e = e.next
-		}
-	}
+		return true
+	})
 	return b.String()
 }
 
@@ -982,9 +983,7 @@ func (p *powercut) Status(t StatusType) string {
 		}
 		return s
 	}
-	p.list.Lock()
-	count, sectors := p.count.Load(), p.sectors.Load()
-	p.list.Unlock()
+	_, count, sectors := p.snapshot()
 	state := "up"
 	if p.down.Load() {
 		state = "down"
