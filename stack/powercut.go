@@ -107,16 +107,23 @@ type powercut struct {
 		head, tail *pcEntry // arrival order
 	}
 
-	// destaging is set, under room, while a write destages for all: writes
-	// that find the cache over its bound meanwhile carry on, unless it
-	// holds more than 9/8 of the bound (hard); those wait on room.cond,
-	// which a batch of the write-back signals when the cache is back under
-	// that, instead of queueing on wb for the whole write-back.
+	// destaging is set, under room, while the destager (a goroutine of
+	// the target's own, started the first time the cache passes its
+	// bound) writes the oldest entries back: writes that find the cache
+	// over its bound meanwhile carry on, unless it holds more than 9/8 of
+	// the bound (hard); those wait on room.cond, which a batch of the
+	// write-back signals when the cache is back under that.
 	destaging atomic.Bool
-	waiters   atomic.Int32 // writes waiting on room.cond
+	waiters   atomic.Int32 // writes in makeRoom's slow path
 	room      struct {
 		sync.Mutex
 		cond sync.Cond
+		// err is the destager's last failed write-back, for the next
+		// write that needs room; a flush that writes everything back
+		// clears it.
+		err  error
+		kick chan struct{} // sets the destager to work: one token at most
+		done chan struct{} // closed when the destager has stopped
 	}
 
 	msg struct {
@@ -273,12 +280,18 @@ func pcFreeEntry(e *pcEntry) {
 //
 // The cache holds writes, discards and write-zeroes, each counted by the
 // sectors it touches. When it holds more than the bound, the oldest entries
-// are written back at once, until it holds at most 7/8 of the bound, as a
-// real cache destages (the write that crossed the bound waits for that; the
-// writes that come meanwhile go into the cache while it holds at most 9/8
-// of the bound; past that a write that overlaps no cached entry is written
-// around the cache, straight to the device, as a disk with a full cache
-// does, and one that overlaps a cached entry waits for room). A request
+// are written back beside the writes, until it holds at most 7/8 of the
+// bound, as a real cache destages: a goroutine of the target's own does it
+// (started the first time the cache passes its bound, stopped by Close),
+// and the writes, the one that crossed the bound included, go on into the
+// cache meanwhile while it holds at most 9/8 of the bound; past that a
+// write that overlaps no cached entry is written around the cache, straight
+// to the device, as a disk with a full cache does, and one that overlaps a
+// cached entry waits for room. A write-back of that goroutine that fails
+// leaves the entries it did not write cached: the first write that then
+// needs room gets the error, unless a flush has written them back since
+// (the next flush writes them back again, and fails if the device still
+// does). A request
 // larger than the bound is written through, after every cached entry (so
 // cache_sectors 0 is a disk without a volatile cache). The cache lives in the daemon's memory: while the target lives
 // it accounts twice the bound in the daemon's memory plan (Ctor.Memory: the
@@ -534,40 +547,105 @@ func (p *powercut) add(ctx context.Context, e *pcEntry) error {
 // of the bound.
 func (p *powercut) hard() int64 { return p.limit + p.limit/8 }
 
-// makeRoom returns at once if the cache is within its bound; else, while
-// another write destages, at once if the cache is within 9/8 of its bound,
-// else once that destage has brought it back there; else after destaging
-// itself. The writes that come while one destages thus go on as long as
-// the write-back keeps up, and wake once each when it does not.
+// makeRoom returns at once if the cache is within its bound. Else it sets
+// the destager to work, unless it is at work already, and returns at once
+// if the cache holds at most 9/8 of the bound (hard); else once the
+// destager has brought it back there. The write that crossed the bound and
+// those that come while the destager works thus go on as long as the
+// write-back keeps up, and wait only when it does not. A write-back of the
+// destager that failed is reported here, to the first write that needs
+// room after it, unless a flush wrote the entries it left cached back
+// since.
 func (p *powercut) makeRoom(ctx context.Context) error {
 	if p.destaging.Load() && p.sectors.Load() <= p.hard() {
 		return nil
 	}
 	p.room.Lock()
+	defer p.room.Unlock()
 	// waiters goes up before sectors is read, and drop lowers sectors
 	// before it reads waiters: one of the two sees the other.
 	p.waiters.Add(1)
-	for p.sectors.Load() > p.hard() && p.destaging.Load() && !p.down.Load() {
+	defer p.waiters.Add(-1)
+	for {
+		switch sectors := p.sectors.Load(); {
+		case p.down.Load():
+			return syscall.EIO
+		case p.room.err != nil:
+			err := p.room.err
+			p.room.err = nil
+			return err
+		case sectors <= p.limit:
+			return nil
+		case !p.destaging.Load():
+			p.startDestagerLocked()
+			continue
+		case sectors <= p.hard():
+			return nil
+		}
 		Waiting(ctx)
 		p.room.cond.Wait()
 	}
-	p.waiters.Add(-1)
-	switch {
-	case p.down.Load():
-		p.room.Unlock()
-		return syscall.EIO
-	case p.sectors.Load() <= p.limit || p.destaging.Load():
-		p.room.Unlock()
-		return nil
-	}
+}
+
+// startDestagerLocked sets the destager to work, starting it the first
+// time; the caller holds room and found destaging clear.
+func (p *powercut) startDestagerLocked() {
 	p.destaging.Store(true)
-	p.room.Unlock()
-	err := p.destage(ctx)
+	if p.room.kick == nil {
+		p.room.kick = make(chan struct{}, 1)
+		p.room.done = make(chan struct{})
+		go p.destager(p.room.kick, p.room.done)
+	}
+	// destaging was clear: the destager took the last token and is done
+	// with it, so the channel has room.
+	p.room.kick <- struct{}{}
+}
+
+// destager writes the oldest entries back each time kick gives it a token,
+// until the cache is within its bound, and then clears destaging. It stops
+// when kick is closed (Close).
+func (p *powercut) destager(kick <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	ctx := context.Background()
+	for range kick {
+		var err error
+		for err == nil {
+			p.wb.Lock()
+			// down changes only under wb: an error below is the
+			// device's.
+			if p.down.Load() || p.sectors.Load() <= p.limit {
+				p.wb.Unlock()
+				break
+			}
+			if err = p.destageLocked(ctx); err != nil {
+				// Under wb, so that a cut, which clears it, comes
+				// before or after.
+				p.room.Lock()
+				p.room.err = err
+				p.room.Unlock()
+			}
+			p.wb.Unlock()
+		}
+		p.room.Lock()
+		p.destaging.Store(false)
+		p.room.cond.Broadcast()
+		p.room.Unlock()
+	}
+}
+
+// stopDestager waits for the destager to finish its work and stops it.
+func (p *powercut) stopDestager() {
 	p.room.Lock()
-	p.destaging.Store(false)
-	p.room.cond.Broadcast()
+	for p.destaging.Load() {
+		p.room.cond.Wait()
+	}
+	kick, done := p.room.kick, p.room.done
+	p.room.kick, p.room.done = nil, nil
 	p.room.Unlock()
-	return err
+	if kick != nil {
+		close(kick)
+		<-done
+	}
 }
 
 // wakeRoom wakes the writes waiting for room.
@@ -601,15 +679,11 @@ func pcWalk(first *pcEntry, k int64, f func(e *pcEntry) bool) *pcEntry {
 	return e
 }
 
-// destage writes back the oldest entries, once the cache is over its bound,
-// until it holds at most 7/8 of the bound: a batch, so that the writes that
-// follow find room without waiting for wb one by one.
-func (p *powercut) destage(ctx context.Context) error {
-	p.lockWB(ctx)
-	defer p.wb.Unlock()
-	if p.down.Load() {
-		return syscall.EIO
-	}
+// destageLocked writes back the oldest entries, once the cache is over its
+// bound, until it holds at most 7/8 of the bound: a batch, so that the
+// writes that follow find room without waiting for it one by one. The
+// caller holds wb.
+func (p *powercut) destageLocked(ctx context.Context) error {
 	first, n, total := p.snapshot()
 	k, excess := int64(0), total-(p.limit-p.limit/8)
 	long := excess > pcLongSectors
@@ -722,7 +796,15 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 		return syscall.EIO
 	}
 	_, k, sectors := p.snapshot()
-	return p.writeBack(ctx, k, k > pcLongEntries || sectors > pcLongSectors)
+	if err := p.writeBack(ctx, k, k > pcLongEntries || sectors > pcLongSectors); err != nil {
+		return err
+	}
+	// Every entry the destager failed to write back is on the device
+	// now: its error is void.
+	p.room.Lock()
+	p.room.err = nil
+	p.room.Unlock()
+	return nil
 }
 
 // pcWriteBackBatch is how many written-back entries leave the cache at a
@@ -912,7 +994,11 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 	p.msg.cuts++
 	p.msg.lastMode, p.msg.lastSeed = mode, seed
 	p.msg.Unlock()
-	p.wakeRoom()
+	// A write-back that failed before the cut is not reported after it.
+	p.room.Lock()
+	p.room.err = nil
+	p.room.cond.Broadcast()
+	p.room.Unlock()
 
 	rng := rand.New(rand.NewPCG(seed, pcSeedStream))
 	var survived, torn int64
@@ -1001,6 +1087,7 @@ func (p *powercut) Status(t StatusType) string {
 // Close implements Target: a cache still holding entries (the table was
 // destroyed without a suspend) is written back while the power is on.
 func (p *powercut) Close() error {
+	p.stopDestager()
 	p.wb.Lock()
 	defer p.wb.Unlock()
 	var err error

@@ -132,3 +132,14 @@ func TestPowercutStripeMask(t *testing.T) {
 		}
 	}
 }
+
+// PowercutSettle waits until the destager of powercut target t is idle, so
+// that what it writes back is on the device.
+func PowercutSettle(t Target) {
+	p := t.(*powercut)
+	p.room.Lock()
+	for p.destaging.Load() {
+		p.room.cond.Wait()
+	}
+	p.room.Unlock()
+}

@@ -128,6 +128,10 @@ func (p pcTarget) write(b []byte, off int64) {
 	}
 }
 
+// settle waits until the destager is idle: what it wrote back is on the
+// device.
+func (p pcTarget) settle() { stack.PowercutSettle(p.Target) }
+
 func (p pcTarget) fua(b []byte, off int64) {
 	p.t.Helper()
 	if n, err := p.WriteAt(stack.WithFUA(context.Background()), b, off); err != nil || n != len(b) {
@@ -280,8 +284,8 @@ func TestPowercutFUA(t *testing.T) {
 }
 
 // TestPowercutBound: past cache_sectors, the oldest cached writes are
-// written back at once; a write larger than the cache is written through
-// after all of them.
+// written back by the destager; a write larger than the cache is written
+// through after all of them.
 func TestPowercutBound(t *testing.T) {
 	dev := newPCRecDev("mem", 256)
 	pc := newPC(t, dev, "2 cache_sectors 16")
@@ -291,10 +295,12 @@ func TestPowercutBound(t *testing.T) {
 		t.Fatalf("within the bound the device got %v", l)
 	}
 	pc.write(fill('c', 4*pcSector), 16*pcSector)
+	pc.settle()
 	if l := dev.take(); strings.Join(l, ",") != "w 0 4096" {
 		t.Fatalf("4 sectors over the bound the device got %v, want the oldest write", l)
 	}
 	pc.write(fill('d', 10*pcSector), 32*pcSector)
+	pc.settle()
 	if l := dev.take(); strings.Join(l, ",") != "w 4096 4096" {
 		t.Fatalf("6 sectors over the bound the device got %v, want the oldest write", l)
 	}
@@ -327,6 +333,7 @@ func TestPowercutBound(t *testing.T) {
 		t.Fatalf("16 sectors in a 16-sector cache sent %v", l)
 	}
 	pcB.write(fill(16, pcSector), 16*pcSector)
+	pcB.settle()
 	if l := devB.take(); strings.Join(l, ",") != "w 0 512,w 512 512,w 1024 512" {
 		t.Fatalf("the 17th sector sent %v, want the three oldest (down to 14 sectors)", l)
 	}
@@ -1134,8 +1141,10 @@ func (d *pcFaultDev) ReadAt(ctx context.Context, p []byte, off int64) (int, erro
 }
 
 // TestPowercutDeviceErrors: a write-back that fails keeps the entries it did
-// not write in the cache (still read back, written by the next flush), and
-// the flush or the write that destaged reports the error.
+// not write in the cache (still read back, written by the next flush); a
+// flush reports its own, and a failed write-back of the destager goes to the
+// first write that needs room after it, the write that set it to work
+// having gone on.
 func TestPowercutDeviceErrors(t *testing.T) {
 	dev := &pcFaultDev{MemDevice: stack.NewMemDevice("mem", 64*pcSector)}
 	pc := newPC(t, dev, "2 cache_sectors 16")
@@ -1146,19 +1155,36 @@ func TestPowercutDeviceErrors(t *testing.T) {
 	if err := pc.Target.(stack.Flusher).Flush(ctx); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("flush with a failing device: %v, want EIO", err)
 	}
-	if _, err := pc.WriteAt(ctx, fill('c', pcSector), 16*pcSector); !errors.Is(err, syscall.EIO) {
-		t.Fatalf("a write that destages onto a failing device: %v, want EIO", err)
+	if _, err := pc.WriteAt(ctx, fill('c', pcSector), 16*pcSector); err != nil {
+		t.Fatalf("a write that sets the destager to work on a failing device: %v, want it cached", err)
 	}
-	if got := pc.msg("dirty"); got != "0+8 write\n8+8 write\n16+1 write\n" {
+	pc.settle()
+	if _, err := pc.WriteAt(ctx, fill('d', pcSector), 17*pcSector); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("the write after the destager failed: %v, want EIO", err)
+	}
+	if got := pc.msg("dirty"); got != "0+8 write\n8+8 write\n16+1 write\n17+1 write\n" {
 		t.Fatalf("dirty after failed write-backs: %q", got)
 	}
-	if got := pc.read(0, 17*pcSector); !bytes.Equal(got, append(append(fill('a', 4096), fill('b', 4096)...), fill('c', 512)...)) {
+	if got := pc.read(0, 18*pcSector); !bytes.Equal(got, append(append(fill('a', 4096), fill('b', 4096)...), append(fill('c', 512), fill('d', 512)...)...)) {
 		t.Fatal("cached data does not read back after failed write-backs")
 	}
 	dev.failWrites.Store(false)
 	pc.flush()
-	if !bytes.Equal(dev.Bytes()[:17*pcSector], pc.read(0, 17*pcSector)) || pc.msg("dirty") != "no cached writes" {
+	if !bytes.Equal(dev.Bytes()[:18*pcSector], pc.read(0, 18*pcSector)) || pc.msg("dirty") != "no cached writes" {
 		t.Fatal("the flush after the device recovered did not write the cache back")
+	}
+
+	// A failed write-back of the destager that a flush has made good since
+	// is not reported.
+	dev.failWrites.Store(true)
+	pc.write(fill('e', 16*pcSector), 0)
+	pc.write(fill('e', pcSector), 16*pcSector)
+	pc.settle()
+	dev.failWrites.Store(false)
+	pc.flush()
+	pc.write(fill('f', 16*pcSector), 0)
+	if _, err := pc.WriteAt(ctx, fill('g', pcSector), 16*pcSector); err != nil {
+		t.Fatalf("a write that needs room after a flush wrote back what the destager could not: %v", err)
 	}
 }
 
@@ -1392,6 +1418,7 @@ func TestPowercutDestageOrder(t *testing.T) {
 			}
 			pc.write(fill(byte(i+1), pcSector), off)
 		}
+		pc.settle()
 		n := 0
 		for _, l := range dev.take() {
 			if strings.HasPrefix(l, "w 0 ") {
@@ -1587,7 +1614,8 @@ func TestPowercutWaiting(t *testing.T) {
 	calls("a FUA write behind a flush of 1100 entries", 1)
 
 	writes(ctx, 65536*pcSector/4096+1)
-	calls("writes into the whole cache and one more", 1)
+	pc.settle()
+	calls("writes into the whole cache and one more (the destager writes back, beside them)", 0)
 }
 
 // TestPowercutWriteAround: while a destage is under way and the cache holds
@@ -1637,7 +1665,14 @@ func TestPowercutWriteAround(t *testing.T) {
 	}
 	over := fill(0xb0, 4096)
 	copy(want[4096:], over)
-	wg.Go(func() { pc.WriteAt(context.Background(), over, 4096) }) // overlaps a cached entry: waits
+	var w pcWaiter
+	wg.Go(func() { pc.WriteAt(stack.WithWaiter(context.Background(), &w), over, 4096) }) // overlaps a cached entry: waits
+	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(dev.release)
+			t.Fatal("a write waiting for room did not tell its transport (stack.Waiting)")
+		}
+	}
 	close(dev.release)
 	wg.Wait()
 	pc.flush()
