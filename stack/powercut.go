@@ -291,10 +291,10 @@ func pcFreeEntry(e *pcEntry) {
 // leaves the entries it did not write cached: the first write that then
 // needs room gets the error, unless a flush has written them back since
 // (the next flush writes them back again, and fails if the device still
-// does). A request
-// larger than the bound is written through, after every cached entry (so
-// cache_sectors 0 is a disk without a volatile cache). The cache lives in the daemon's memory: while the target lives
-// it accounts twice the bound in the daemon's memory plan (Ctor.Memory: the
+// does). A request larger than the bound is written through, after every
+// cached entry (so cache_sectors 0 is a disk without a volatile cache). The
+// cache lives in the daemon's memory: while the target lives it accounts
+// twice the bound in the daemon's memory plan (Ctor.Memory: the
 // cache, up to 9/8 of the bound, and the buffers its pools keep; dmfuse
 // mount raises its soft memory limit, --memory-limit, by that), so that a
 // full cache does not starve the rest of the daemon. A suspend writes the
