@@ -279,6 +279,10 @@ func (s *Server) release() {
 	}
 }
 
+// uringExtraProcs is how many Ps the transport adds per queue to the one
+// per CPU (see Start).
+const uringExtraProcs = 3
+
 // Start registers every entry of every queue on the connection of the
 // /dev/fuse descriptor fd (which must have answered FUSE_INIT with
 // FUSE_OVER_IO_URING) and starts serving requests with fs. On error nothing
@@ -291,8 +295,14 @@ func (s *Server) Start(fd int, fs fuse.RawFileSystem) error {
 		return err
 	}
 	s.fd = nfd
-	// A leader waits in io_uring_enter holding a P.
-	stack.RaiseProcs(len(s.queues))
+	// Threads that wait in a system call hold their P until sysmon takes
+	// it back: each queue's leader in io_uring_enter, the standby thread
+	// that takes the queue over when a request waits, and the waiting
+	// requests themselves (a delayed one parked in futex). Three Ps per
+	// queue on top of one per CPU: on 2 CPUs, 8 Ps instead of 4 took
+	// multipath over one fast and three delayed paths from 0.66 to 0.78
+	// of the fast path alone (docs/benchmarks.md).
+	stack.RaiseProcs(uringExtraProcs * len(s.queues))
 	for _, q := range s.queues {
 		if r, ok := q.r.(*sysRing); ok {
 			r.dev = nfd
