@@ -296,12 +296,12 @@ func (s *Server) Start(fd int, fs fuse.RawFileSystem) error {
 	}
 	s.fd = nfd
 	// Threads that wait in a system call hold their P until sysmon takes
-	// it back: each queue's leader in io_uring_enter, the standby thread
-	// that takes the queue over when a request waits, and the waiting
-	// requests themselves (a delayed one parked in futex). Three Ps per
-	// queue on top of one per CPU: on 2 CPUs, 8 Ps instead of 4 took
-	// multipath over one fast and three delayed paths from 0.66 to 0.78
-	// of the fast path alone (docs/benchmarks.md).
+	// it back: each queue's leader in io_uring_enter, and the requests
+	// that wait on threads of their own (a delayed one parked in futex),
+	// as many as a queue hands over. Three Ps per queue on top of one
+	// per CPU, by measurement: on 2 CPUs, 8 Ps instead of 4 took
+	// multipath over one fast and three delayed paths from 0.66 to
+	// 0.78-0.83 of the fast path alone (docs/benchmarks.md).
 	stack.RaiseProcs(uringExtraProcs * len(s.queues))
 	for _, q := range s.queues {
 		if r, ok := q.r.(*sysRing); ok {
