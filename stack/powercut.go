@@ -633,12 +633,18 @@ func (p *powercut) destager(kick <-chan struct{}, done chan<- struct{}) {
 	}
 }
 
-// stopDestager waits for the destager to finish its work and stops it.
-func (p *powercut) stopDestager() {
-	p.room.Lock()
+// idleLocked waits until the destager is not at work; the caller holds
+// room.
+func (p *powercut) idleLocked() {
 	for p.destaging.Load() {
 		p.room.cond.Wait()
 	}
+}
+
+// stopDestager waits for the destager to finish its work and stops it.
+func (p *powercut) stopDestager() {
+	p.room.Lock()
+	p.idleLocked()
 	kick, done := p.room.kick, p.room.done
 	p.room.kick, p.room.done = nil, nil
 	p.room.Unlock()

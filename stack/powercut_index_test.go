@@ -138,8 +138,6 @@ func TestPowercutStripeMask(t *testing.T) {
 func PowercutSettle(t Target) {
 	p := t.(*powercut)
 	p.room.Lock()
-	for p.destaging.Load() {
-		p.room.cond.Wait()
-	}
+	p.idleLocked()
 	p.room.Unlock()
 }
