@@ -78,3 +78,47 @@ func TestEarlyRelease(t *testing.T) {
 	waitStatus(t, tg, "0 0 0")
 	tg.Resume()
 }
+
+// TestLeadOnlyWhenAlone: the scheduler releases a request early only while
+// it is the only active request of all its targets; with another one queued
+// (on another target) it releases at the deadline, and the released request
+// does not spin; once alone again, a request is released early.
+func TestLeadOnlyWhenAlone(t *testing.T) {
+	r := newRig(t)
+	r.clock.lead = 2 * ms
+	ta := r.target("8:16 0 10")
+	tb := r.target("8:32 0 10")
+	ctx := context.Background()
+
+	a := r.read(ta, ctx)
+	waitStatus(t, ta, "1 0 0")
+	if d := r.clock.settle(); d != a.issued+8*ms {
+		t.Fatalf("alone: scheduler waits until %d, want the lead before the deadline (%d)", d-a.issued, 8*ms)
+	}
+	r.clock.Advance(ms)
+	b := r.read(tb, ctx)
+	waitStatus(t, tb, "1 0 0")
+	r.clock.Advance(7 * ms) // a's early release time, now with b active
+	if d := r.clock.settle(); d != a.issued+10*ms {
+		t.Fatalf("with another request active: scheduler waits until %d, want the deadline (%d)", d-a.issued, 10*ms)
+	}
+	waitStatus(t, ta, "1 0 0") // not released early
+	r.clock.Advance(2 * ms)
+	if err := a.result(t); err != nil { // released at its deadline, no spin
+		t.Fatal(err)
+	}
+	waitStatus(t, ta, "0 0 0")
+
+	// b is alone now (1 ms before its deadline, within the lead): the
+	// scheduler's next look releases it early, and it spins the rest.
+	r.clock.Wake()
+	waitStatus(t, tb, "0 0 0")
+	stillRunning(t, b, "an early released read")
+	r.clock.Advance(ms)
+	if err := b.result(t); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.releasedSeqs(); len(got) != 2 {
+		t.Fatalf("released %v, want two requests", got)
+	}
+}

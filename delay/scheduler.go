@@ -43,6 +43,11 @@ type Scheduler struct {
 	waiting   bool      // the loop is in (or about to enter) clock.Wait
 	waitUntil int64     // the deadline of that wait
 
+	// active counts the requests longer than the lead, of every target,
+	// from the moment they queue until their wait returns (released ones
+	// spinning to their deadlines included).
+	active atomic.Int32
+
 	// owned by the loop goroutine
 	due     []*queue
 	dueNext []int64
@@ -150,7 +155,7 @@ func (s *Scheduler) loop() {
 			s.mu.Unlock()
 			return
 		}
-		lead := s.clock.Lead()
+		lead := s.lead()
 		now := s.clock.Now() + lead
 		for len(s.heap) > 0 && s.heap[0].key <= now {
 			s.due = append(s.due, heap.Pop(&s.heap).(*queue))
@@ -178,6 +183,15 @@ func (s *Scheduler) loop() {
 		}
 		s.due, s.dueNext, s.dueMore = s.due[:0], s.dueNext[:0], s.dueMore[:0]
 	}
+}
+
+// lead returns how early the loop releases requests now: the clock's Lead
+// while at most one request is active, 0 while several are.
+func (s *Scheduler) lead() int64 {
+	if s.active.Load() > 1 {
+		return 0
+	}
+	return s.clock.Lead()
 }
 
 // pass releases every expired request of the due queues.
@@ -327,6 +341,10 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	w.seq = q.mu.seq
 	l := &q.mu.lists[c]
 	first := l.head == nil
+	if long {
+		// Counted before the scheduler can see it, until wait returns.
+		q.s.active.Add(1)
+	}
 	l.push(w)
 	if first && long {
 		// A short request needs no scheduler: it spins, and leaves the
@@ -360,6 +378,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 		return nil
 	}
 
+	defer q.s.active.Add(-1)
 	var stop func() bool
 	if ctx.Done() != nil {
 		stop = context.AfterFunc(ctx, func() { q.cancel(w) })

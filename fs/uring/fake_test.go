@@ -199,6 +199,7 @@ const (
 	nodeMixed  = 6 // as nodeHint at a non-zero offset, as nodeFast at 0
 	nodeCont   = 7 // as nodeHint, then says it goes on (stack.Continuing) and waits for a second release
 	nodeExpect = 8 // says it completes in expectIn (stack.Expecting) and waits, then waits for release or its cancel channel (EINTR)
+	nodeHold   = 9 // as nodeHint, but waits for hold to close
 )
 
 // expectIn is how long nodeExpect's reads say they take.
@@ -211,6 +212,7 @@ type waitFS struct {
 	srv     *Server
 	started chan uint64
 	release chan struct{}
+	hold    chan struct{}
 
 	mu       sync.Mutex
 	fastTids []int // the threads that answered nodeMixed's fast reads
@@ -255,6 +257,10 @@ func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse
 		case <-cancel:
 			return nil, fuse.EINTR
 		}
+	case nodeHold:
+		stack.Waiting(f.srv.Context(cancel))
+		f.started <- in.Unique
+		<-f.hold
 	case nodeSilent:
 		f.started <- in.Unique
 		<-f.release
@@ -275,7 +281,7 @@ func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *stack
 	cfg.Clock = clk
 	r := newFakeRing()
 	s := newServer(cfg, []ring{r}, [][]byte{make([]byte, bufSize(cfg))})
-	fs := &waitFS{srv: s, started: make(chan uint64, 16), release: make(chan struct{})}
+	fs := &waitFS{srv: s, started: make(chan uint64, 16), release: make(chan struct{}), hold: make(chan struct{})}
 	if err := s.start(fs); err != nil {
 		t.Fatal(err)
 	}
@@ -284,6 +290,11 @@ func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *stack
 		case <-fs.release:
 		default:
 			close(fs.release)
+		}
+		select {
+		case <-fs.hold:
+		default:
+			close(fs.hold)
 		}
 		s.Close()
 		s.Wait()
@@ -445,6 +456,42 @@ func TestContinuingWakesLeader(t *testing.T) {
 	// leader sleeping again or being woken for it.
 	if w, k := r.counts(); w > waits+1 || k != wakes+1 {
 		t.Errorf("waits %d -> %d, wakes %d -> %d: the leader slept through the expected reply", waits, w, wakes, k)
+	}
+}
+
+// TestContinuingDeepQueue: with another request of the queue waiting off
+// the leader, the one that says it goes on neither wakes the leader nor has
+// it spin; the reply wakes it (as TestContinuingWakesLeader shows, a lone
+// request does).
+func TestContinuingDeepQueue(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 4)
+	q := s.queues[0]
+	r.read(100, nodeCont)
+	<-fs.started
+	r.read(101, nodeHold)
+	<-fs.started
+	for q.sleeping.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if a := q.away(); a != 2 {
+		t.Fatalf("%d requests away, want 2", a)
+	}
+	_, wakes := r.counts()
+	fs.release <- struct{}{} // 100 says it goes on
+	<-fs.started
+	if _, k := r.counts(); k != wakes || q.expect.Load() != 0 {
+		t.Fatalf("wakes %d -> %d, expect %d: Continuing with two requests away woke the leader", wakes, k, q.expect.Load())
+	}
+	fs.release <- struct{}{}
+	if p := r.reply(t); p.unique != 100 || p.status != 0 {
+		t.Fatalf("reply %+v", p)
+	}
+	close(fs.hold)
+	if p := r.reply(t); p.unique != 101 || p.status != 0 {
+		t.Fatalf("reply %+v", p)
+	}
+	for q.away() != 0 {
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -21,9 +21,12 @@ import (
 // queue: a standby thread (a new one if none waits) becomes the leader at
 // once, and the old leader finishes the request, puts the entry on the
 // queue's list of finished entries, wakes the new leader to commit it, and
-// becomes a standby thread itself. A waiting request that says it is about
-// to complete (stack.Continuing, through entry.Continuing) wakes the leader
-// ahead of its reply, and the leader spins for it rather than sleep. One that
+// becomes a standby thread itself, bound to the queue's CPU again before it
+// waits, so that a promotion takes no system call. A waiting request that
+// says it is about to complete (stack.Continuing, through entry.Continuing)
+// while it is the queue's only request away from the leader wakes the
+// leader ahead of its reply, and the leader spins for it rather than sleep
+// (with several away, their replies wake it as they come). One that
 // says when it will complete (stack.Expecting, through entry.Expecting) while
 // it is the queue's only request lets the leader sleep with a timeout that
 // ends expectMargin before then, and spin from there (see expected).
@@ -56,6 +59,7 @@ type queue struct {
 	// Hand-offs, by cause.
 	hinted, takenOver   atomic.Uint64
 	requests, offloaded atomic.Uint64
+	returned            atomic.Uint64 // replies of hand-offs and offloads back (finished)
 
 	mu      sync.Mutex
 	idle    int
@@ -118,8 +122,17 @@ func (q *queue) thread(leader bool, started chan<- error) {
 			return
 		}
 	}
+	// bound: the thread is bound as the queue's leader (pinLeader). A
+	// standby thread is bound before it waits, so that its promotion
+	// neither makes a system call nor moves it between CPUs on the way
+	// to the ring.
+	bound := false
 	for {
 		if !leader {
+			if !bound {
+				q.pinLeader()
+				bound = true
+			}
 			q.mu.Lock()
 			if q.closed {
 				q.mu.Unlock()
@@ -131,8 +144,9 @@ func (q *queue) thread(leader bool, started chan<- error) {
 				return
 			}
 		}
-		if q.lead() {
-			leader = false
+		if q.lead(bound) {
+			// giveUp unbound the thread.
+			leader, bound = false, false
 			continue
 		}
 		q.exit()
@@ -194,7 +208,16 @@ func (q *queue) finished(e *entry) {
 			break
 		}
 	}
+	q.returned.Add(1)
 	q.wake()
+}
+
+// away returns how many requests of the queue run off the leader's thread
+// now: handed off (they waited, or the watchdog took the queue over) or
+// offloaded, and not finished. A count read while one changes hands may be
+// off by one.
+func (q *queue) away() int64 {
+	return int64(q.hinted.Load()+q.takenOver.Load()+q.offloaded.Load()) - int64(q.returned.Load())
 }
 
 // reap moves completions into pending and returns how many requests arrived.
@@ -225,12 +248,14 @@ func (q *queue) reap() int {
 
 // lead runs the queue until it ends (false) or until it hands the queue to
 // another thread because a request waits (true).
-func (q *queue) lead() bool {
-	// Only the leader is bound to the queue's CPU: a thread that gave up
-	// the queue was unbound (giveUp), so that the requests waiting on such
-	// threads (a delay target's spin to its deadline) do not queue up for
-	// one CPU.
-	q.pinLeader()
+func (q *queue) lead(bound bool) bool {
+	// Only the leader and standby threads are bound to the queue's CPU: a
+	// thread that gave up the queue was unbound (giveUp), so that the
+	// requests waiting on such threads (a delay target's spin to its
+	// deadline) do not queue up for one CPU.
+	if !bound {
+		q.pinLeader()
+	}
 	q.tid.Store(int32(unix.Gettid()))
 	for {
 		if d := q.done.Swap(nil); d != nil {
@@ -409,10 +434,20 @@ func (e *entry) Waiting() {
 // leader, woken now if it sleeps, spins until then, so that it is awake to
 // commit the reply at once: waking a sleeping thread takes tens of
 // microseconds, more on an idle virtual CPU.
+//
+// Only a request that is the queue's one request off the leader does so.
+// With several away (a deep queue of waiting requests), their replies come
+// one after another and the leader would spin all the time, on a CPU that
+// the requests about to reply, and the application, need; the first reply
+// wakes a sleeping leader (finished), and it commits whatever else is
+// finished by then.
 func (e *entry) Continuing() {
 	q := e.q
 	if e.inline() {
 		return // the leader runs it
+	}
+	if q.away() > 1 {
+		return
 	}
 	until := q.s.clock.Nanotime() + int64(stack.ContinueLead)
 	for {
