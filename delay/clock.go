@@ -31,3 +31,13 @@ type Clock interface {
 	// followed by a spin would leave them waiting for another CPU to wake.
 	Yield()
 }
+
+// A Sleeper is a Clock that can also wait without spinning: Sleep blocks
+// until Now() >= deadline or until Wake is called, like Wait, but gives the
+// CPU away for the whole wait, and may end a little after the deadline. The
+// scheduler sleeps so while several requests are active (Scheduler.lead),
+// when it releases them at their deadlines and a spin would only take a CPU
+// that the requests about to run need.
+type Sleeper interface {
+	Sleep(deadline int64)
+}

@@ -136,6 +136,26 @@ func (c *RealClock) Wait(deadline int64) {
 	}
 }
 
+// Sleep implements Sleeper: one ppoll until the deadline (timer slack 1 ns),
+// ended early by Wake, and no spin.
+func (c *RealClock) Sleep(deadline int64) {
+	for {
+		rem := deadline - c.Now()
+		if rem <= 0 {
+			return
+		}
+		ts := unix.NsecToTimespec(rem)
+		n, err := unix.Ppoll(c.fds[:], &ts, nil)
+		if n > 0 {
+			c.consume()
+			return
+		}
+		if err != nil && err != unix.EINTR {
+			return
+		}
+	}
+}
+
 // napFor returns how long to sleep in one ppoll when the spin starts rem
 // nanoseconds from now: up to NapWindow before it in one sleep, then in
 // naps of at most MaxSleep.

@@ -33,7 +33,9 @@
 // released at its deadline and spins no more, so that a CPU the
 // application and the transport need is not spent on spins (64 requests of
 // 10 ms spinning up to 100 us each take a sixth of one of two CPUs); a
-// request is then late by its wake-up. A request that
+// request is then late by its wake-up, and the scheduler itself sleeps to
+// each release in one ppoll, without naps or a spin (RealClock.Sleep, the
+// Sleeper capability). A request that
 // parks tells its transport when it will complete (stack.Expecting), so that
 // a transport that commits replies on a thread of its own can have that
 // thread awake by then. A request whose

@@ -3,6 +3,7 @@ package delay
 import (
 	"context"
 	"runtime"
+	"sync/atomic"
 	"testing"
 )
 
@@ -120,5 +121,57 @@ func TestLeadOnlyWhenAlone(t *testing.T) {
 	}
 	if got := r.releasedSeqs(); len(got) != 2 {
 		t.Fatalf("released %v, want two requests", got)
+	}
+}
+
+// sleepClock is a fakeClock that is also a Sleeper, counting its Sleeps.
+type sleepClock struct {
+	*fakeClock
+	sleeps atomic.Int32
+}
+
+func (c *sleepClock) Sleep(deadline int64) {
+	c.sleeps.Add(1)
+	c.fakeClock.Wait(deadline)
+}
+
+// TestSleepWhileSeveral: on a clock that can sleep without spinning, the
+// scheduler waits for a lone request's early release as it always does
+// (Wait, which spins its last stretch on the real clock), and for a release
+// at the deadline, with several requests active, in Sleep.
+func TestSleepWhileSeveral(t *testing.T) {
+	r := newRig(t)
+	sc := &sleepClock{fakeClock: r.clock}
+	r.s = NewScheduler(sc)
+	r.clock.lead = 2 * ms
+	ta := r.target("8:16 0 10")
+	tb := r.target("8:32 0 10")
+	ctx := context.Background()
+
+	a := r.read(ta, ctx)
+	waitStatus(t, ta, "1 0 0")
+	r.clock.settle()
+	if n := sc.sleeps.Load(); n != 0 {
+		t.Fatalf("alone: %d sleeps, want the scheduler in Wait", n)
+	}
+	r.clock.Advance(ms)
+	b := r.read(tb, ctx)
+	waitStatus(t, tb, "1 0 0")
+	r.clock.Advance(7 * ms) // a's early release time, now with b active
+	if d := r.clock.settle(); d != a.issued+10*ms {
+		t.Fatalf("with another request active: scheduler waits until %d, want the deadline (%d)", d-a.issued, 10*ms)
+	}
+	if n := sc.sleeps.Load(); n != 1 {
+		t.Fatalf("with another request active: %d sleeps, want 1", n)
+	}
+	r.clock.Advance(2 * ms)
+	if err := a.result(t); err != nil {
+		t.Fatal(err)
+	}
+	r.clock.Wake()
+	waitStatus(t, tb, "0 0 0")
+	r.clock.Advance(ms)
+	if err := b.result(t); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -167,7 +167,11 @@ func (s *Scheduler) loop() {
 			}
 			s.waiting, s.waitUntil = true, until
 			s.mu.Unlock()
-			s.clock.Wait(until)
+			if sl, ok := s.clock.(Sleeper); ok && lead == 0 && until != Forever && s.clock.Lead() > 0 {
+				sl.Sleep(until)
+			} else {
+				s.clock.Wait(until)
+			}
 			s.mu.Lock()
 			s.waiting = false
 			continue
