@@ -81,11 +81,17 @@ func TestEarlyRelease(t *testing.T) {
 }
 
 // TestLeadOnlyWhenAlone: the scheduler releases a request early only while
-// it is the only active request of all its targets; with another one queued
-// (on another target) it releases at the deadline, and the released request
-// does not spin; once alone again, a request is released early.
+// it is the only active request of all its targets, waiting for that in
+// Wait; with another one queued (on another target) it releases at the
+// deadline, waiting for it in Sleep (the clock is a Sleeper), and the
+// released request does not spin; once alone again, a request is released
+// early.
 func TestLeadOnlyWhenAlone(t *testing.T) {
 	r := newRig(t)
+	sc := &sleepClock{fakeClock: r.clock}
+	onRelease := r.s.onRelease
+	r.s = NewScheduler(sc)
+	r.s.onRelease = onRelease
 	r.clock.lead = 2 * ms
 	ta := r.target("8:16 0 10")
 	tb := r.target("8:32 0 10")
@@ -96,12 +102,18 @@ func TestLeadOnlyWhenAlone(t *testing.T) {
 	if d := r.clock.settle(); d != a.issued+8*ms {
 		t.Fatalf("alone: scheduler waits until %d, want the lead before the deadline (%d)", d-a.issued, 8*ms)
 	}
+	if n := sc.sleeps.Load(); n != 0 {
+		t.Fatalf("alone: %d sleeps, want the scheduler in Wait", n)
+	}
 	r.clock.Advance(ms)
 	b := r.read(tb, ctx)
 	waitStatus(t, tb, "1 0 0")
 	r.clock.Advance(7 * ms) // a's early release time, now with b active
 	if d := r.clock.settle(); d != a.issued+10*ms {
 		t.Fatalf("with another request active: scheduler waits until %d, want the deadline (%d)", d-a.issued, 10*ms)
+	}
+	if n := sc.sleeps.Load(); n != 1 {
+		t.Fatalf("with another request active: %d sleeps, want 1", n)
 	}
 	waitStatus(t, ta, "1 0 0") // not released early
 	r.clock.Advance(2 * ms)
@@ -133,45 +145,4 @@ type sleepClock struct {
 func (c *sleepClock) Sleep(deadline int64) {
 	c.sleeps.Add(1)
 	c.fakeClock.Wait(deadline)
-}
-
-// TestSleepWhileSeveral: on a clock that can sleep without spinning, the
-// scheduler waits for a lone request's early release as it always does
-// (Wait, which spins its last stretch on the real clock), and for a release
-// at the deadline, with several requests active, in Sleep.
-func TestSleepWhileSeveral(t *testing.T) {
-	r := newRig(t)
-	sc := &sleepClock{fakeClock: r.clock}
-	r.s = NewScheduler(sc)
-	r.clock.lead = 2 * ms
-	ta := r.target("8:16 0 10")
-	tb := r.target("8:32 0 10")
-	ctx := context.Background()
-
-	a := r.read(ta, ctx)
-	waitStatus(t, ta, "1 0 0")
-	r.clock.settle()
-	if n := sc.sleeps.Load(); n != 0 {
-		t.Fatalf("alone: %d sleeps, want the scheduler in Wait", n)
-	}
-	r.clock.Advance(ms)
-	b := r.read(tb, ctx)
-	waitStatus(t, tb, "1 0 0")
-	r.clock.Advance(7 * ms) // a's early release time, now with b active
-	if d := r.clock.settle(); d != a.issued+10*ms {
-		t.Fatalf("with another request active: scheduler waits until %d, want the deadline (%d)", d-a.issued, 10*ms)
-	}
-	if n := sc.sleeps.Load(); n != 1 {
-		t.Fatalf("with another request active: %d sleeps, want 1", n)
-	}
-	r.clock.Advance(2 * ms)
-	if err := a.result(t); err != nil {
-		t.Fatal(err)
-	}
-	r.clock.Wake()
-	waitStatus(t, tb, "0 0 0")
-	r.clock.Advance(ms)
-	if err := b.result(t); err != nil {
-		t.Fatal(err)
-	}
 }
