@@ -34,7 +34,8 @@ const (
 // The goroutine starts when the first target is constructed and ends when the
 // last one is closed and nothing is pending.
 type Scheduler struct {
-	clock Clock
+	clock   Clock
+	sleeper Sleeper // clock, if it can sleep without spinning
 
 	mu        sync.Mutex
 	heap      queueHeap // queues with pending requests, by earliest deadline
@@ -61,7 +62,11 @@ type Scheduler struct {
 
 // NewScheduler returns a scheduler on clock c. Its goroutine starts with its
 // first target.
-func NewScheduler(c Clock) *Scheduler { return &Scheduler{clock: c} }
+func NewScheduler(c Clock) *Scheduler {
+	s := &Scheduler{clock: c}
+	s.sleeper, _ = c.(Sleeper)
+	return s
+}
 
 var (
 	defaultOnce  sync.Once
@@ -167,8 +172,8 @@ func (s *Scheduler) loop() {
 			}
 			s.waiting, s.waitUntil = true, until
 			s.mu.Unlock()
-			if sl, ok := s.clock.(Sleeper); ok && lead == 0 && until != Forever && s.clock.Lead() > 0 {
-				sl.Sleep(until)
+			if s.sleeper != nil && lead == 0 && until != Forever && s.clock.Lead() > 0 {
+				s.sleeper.Sleep(until)
 			} else {
 				s.clock.Wait(until)
 			}
