@@ -41,7 +41,7 @@ type Scheduler struct {
 	heap      queueHeap // queues with pending requests, by earliest deadline
 	users     int       // live targets
 	running   bool      // the loop goroutine exists
-	waiting   bool      // the loop is in (or about to enter) clock.Wait
+	waiting   bool      // the loop is in (or about to enter) clock.Wait or Sleep
 	waitUntil int64     // the deadline of that wait
 
 	// active counts the requests longer than the lead, of every target,
