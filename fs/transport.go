@@ -188,9 +188,13 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 	}
 	offload, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_OFFLOAD")) // 0: the default, -1: never
 	batch, _ := strconv.Atoi(os.Getenv("DMFUSE_URING_BATCH"))
+	// Only for tests: a watchdog slower than a stalled test machine, so
+	// that a test sees the hand-off a waiting request asks for.
+	takeover, _ := time.ParseDuration(os.Getenv("DMFUSE_URING_WATCHDOG"))
 	return uring.New(uring.Config{
 		Interruptible: o.Interruptible,
 		SubmitBatch:   batch,
+		TakeoverAfter: takeover,
 		Pin:           pinMode,
 		OffloadBytes:  offload,
 		SetupFlags:    setup,

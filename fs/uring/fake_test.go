@@ -496,7 +496,7 @@ func TestContinuingDeepQueue(t *testing.T) {
 }
 
 // TestWatchdogTakeover: a request that waits without saying so holds the
-// queue until the watchdog sees it ran longer than takeoverAfter, by the
+// queue until the watchdog sees it ran longer than DefaultTakeoverAfter, by the
 // server's clock; then the requests behind it go on.
 func TestWatchdogTakeover(t *testing.T) {
 	s, r, fs, clk := newFakeServer(t, 4)
@@ -505,7 +505,7 @@ func TestWatchdogTakeover(t *testing.T) {
 	<-fs.started
 	r.read(200, nodeFast)
 	start := clk.Nanotime()
-	clk.Set(start + int64(takeoverAfter)/2)
+	clk.Set(start + int64(DefaultTakeoverAfter)/2)
 	if !s.dog.check() {
 		t.Error("watchdog: no queue busy")
 	}
@@ -513,7 +513,7 @@ func TestWatchdogTakeover(t *testing.T) {
 	if n := r.unreaped(); n != 1 || q.takenOver.Load() != 0 {
 		t.Fatalf("before the deadline: %d unreaped, %d takeovers", n, q.takenOver.Load())
 	}
-	clk.Set(start + 2*int64(takeoverAfter))
+	clk.Set(start + 2*int64(DefaultTakeoverAfter))
 	s.dog.check()
 	if q.takenOver.Load() != 1 {
 		t.Fatalf("%d takeovers after the deadline", q.takenOver.Load())

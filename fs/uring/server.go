@@ -40,10 +40,8 @@ const (
 	DefaultOffloadBytes = 64 << 10
 	// DefaultExpectMargin is Config.ExpectMargin's default.
 	DefaultExpectMargin = 200 * time.Microsecond
-	// takeoverAfter is how long a request may hold a queue's thread,
-	// without saying it waits, before the watchdog hands the queue to
-	// another thread.
-	takeoverAfter = time.Millisecond
+	// DefaultTakeoverAfter is Config.TakeoverAfter's default.
+	DefaultTakeoverAfter = time.Millisecond
 )
 
 // PollOff as Config.Poll: a queue never spins, it sleeps in io_uring_enter
@@ -102,6 +100,10 @@ type Config struct {
 	// commit it at once and the application's CPU is awake to take it
 	// (DefaultExpectMargin if 0; negative: it sleeps until woken).
 	ExpectMargin time.Duration
+	// TakeoverAfter is how long a request may hold a queue's thread,
+	// without saying it waits, before the watchdog hands the queue to
+	// another thread (DefaultTakeoverAfter if 0).
+	TakeoverAfter time.Duration
 	// Logf reports problems; nil discards them.
 	Logf func(format string, args ...any)
 }
@@ -246,6 +248,9 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	if cfg.ExpectMargin == 0 {
 		cfg.ExpectMargin = DefaultExpectMargin
 	}
+	if cfg.TakeoverAfter <= 0 {
+		cfg.TakeoverAfter = DefaultTakeoverAfter
+	}
 	s := &Server{cfg: cfg, clock: cfg.Clock, fd: -1, done: make(chan struct{}), expectMargin: int64(cfg.ExpectMargin)}
 	if unix.SchedGetaffinity(0, &s.cpus) != nil {
 		for i := range runtime.NumCPU() {
@@ -255,7 +260,7 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	if s.clock == nil {
 		s.clock = monotonic{}
 	}
-	s.dog = newWatchdog(s, int64(takeoverAfter))
+	s.dog = newWatchdog(s, int64(cfg.TakeoverAfter))
 	m := make(map[<-chan struct{}]*entry, len(rings)*cfg.Depth)
 	for i, r := range rings {
 		q := newQueue(s, i, r, mems[i])
