@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -123,7 +124,7 @@ func parseSize(s string) (int64, error) {
 
 // memoryMetrics registers, in the metrics package's default set that
 // /metrics serves after the device metrics and the go_* and process_*
-// figures, the gauges of srv's memory plan:
+// figures, the gauges and counters (_total) of srv's memory plan:
 //
 //	dmfuse_memory_limit_bytes          the memory limit (0: none)
 //	dmfuse_request_memory_bound_bytes  the most request buffers may hold
@@ -137,6 +138,7 @@ func parseSize(s string) (int64, error) {
 //	dmfuse_uring_handoffs_total{cause="waiting"}   a queue went to another thread: a request said it waits
 //	dmfuse_uring_handoffs_total{cause="watchdog"}  ... a request held the queue's thread for 1 ms
 //	dmfuse_uring_threads                           the queues' threads, leaders and standby
+//	dmfuse_uring_interrupts_total                  FUSE_INTERRUPTs that reached a ring request
 //	dmfuse_uring_offloaded_total                   large READs and WRITEs run off the queue's thread
 //	dmfuse_uring_requests_total{queue="N"}         requests queue N received (the kernel picks the submitting CPU's)
 func memoryMetrics(srv *fs.Server) *metrics.Set {
@@ -146,7 +148,6 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 	set.NewGauge("dmfuse_request_memory_bound_bytes", func() float64 { return float64(p.Bound) })
 	set.NewGauge("dmfuse_max_request_bytes", func() float64 { return float64(p.MaxWrite) })
 	set.NewGauge("dmfuse_max_background", func() float64 { return float64(p.MaxBackground) })
-	set.NewGauge("dmfuse_memory_releases_total", func() float64 { return float64(srv.Releases()) })
 	set.NewGauge("dmfuse_heap_live_bytes", func() float64 {
 		s := []runtimemetrics.Sample{{Name: "/gc/heap/live:bytes"}}
 		runtimemetrics.Read(s)
@@ -155,21 +156,44 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 		}
 		return float64(s[0].Value.Uint64())
 	})
-	set.NewGauge(`dmfuse_uring_handoffs_total{cause="waiting"}`, func() float64 { return float64(srv.URingStats().Waiting) })
-	set.NewGauge(`dmfuse_uring_handoffs_total{cause="watchdog"}`, func() float64 { return float64(srv.URingStats().Watchdog) })
 	set.NewGauge("dmfuse_uring_threads", func() float64 { return float64(srv.URingStats().Threads) })
-	set.NewGauge("dmfuse_uring_interrupts_total", func() float64 { return float64(srv.URingStats().Interrupts) })
-	set.NewGauge("dmfuse_uring_offloaded_total", func() float64 { return float64(srv.URingStats().Offloaded) })
-	for q := range p.URingQueues {
-		set.NewGauge(fmt.Sprintf(`dmfuse_uring_requests_total{queue="%d"}`, q), func() float64 {
-			if r := srv.URingStats().Requests; q < len(r) {
-				return float64(r[q])
+	set.RegisterMetricsWriter(func(w io.Writer) {
+		u := srv.URingStats()
+		c := []counterValue{
+			{"dmfuse_memory_releases_total", srv.Releases()},
+			{`dmfuse_uring_handoffs_total{cause="waiting"}`, u.Waiting},
+			{`dmfuse_uring_handoffs_total{cause="watchdog"}`, u.Watchdog},
+			{"dmfuse_uring_interrupts_total", u.Interrupts},
+			{"dmfuse_uring_offloaded_total", u.Offloaded},
+		}
+		for q := range p.URingQueues {
+			var n uint64
+			if q < len(u.Requests) {
+				n = u.Requests[q]
 			}
-			return 0
-		})
-	}
+			c = append(c, counterValue{fmt.Sprintf(`dmfuse_uring_requests_total{queue="%d"}`, q), n})
+		}
+		writeCounters(w, c)
+	})
 	metrics.RegisterSet(set)
 	return set
+}
+
+// counterValue is one counter's series and its value at a scrape.
+type counterValue struct {
+	name  string
+	value uint64
+}
+
+// writeCounters writes c to w as Prometheus counters (with their TYPE lines
+// when metrics.ExposeMetadata(true) is in force), not as the gauges that a
+// metrics.Set's callbacks make.
+func writeCounters(w io.Writer, c []counterValue) {
+	set := metrics.NewSet()
+	for _, v := range c {
+		set.NewCounter(v.name).Set(v.value)
+	}
+	set.WritePrometheus(w)
 }
 
 // listenLoopback listens on addr, which must name a loopback address

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"math"
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/dmfuse/dmfuse/fs"
 )
@@ -108,5 +111,36 @@ func TestReserveMemory(t *testing.T) {
 	reserveMemory(64 << 20)
 	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
 		t.Errorf("no memory limit became %d", got)
+	}
+}
+
+// TestWriteCounters: the daemon's _total series are Prometheus counters,
+// one TYPE line per family, each series with its value.
+func TestWriteCounters(t *testing.T) {
+	metrics.ExposeMetadata(true)
+	defer metrics.ExposeMetadata(false)
+	var b bytes.Buffer
+	writeCounters(&b, []counterValue{
+		{`dmfuse_uring_handoffs_total{cause="waiting"}`, 3},
+		{`dmfuse_uring_handoffs_total{cause="watchdog"}`, 0},
+		{"dmfuse_memory_releases_total", 7},
+	})
+	got := b.String()
+	for _, want := range []string{
+		"# TYPE dmfuse_uring_handoffs_total counter\n",
+		"dmfuse_uring_handoffs_total{cause=\"waiting\"} 3\n",
+		"dmfuse_uring_handoffs_total{cause=\"watchdog\"} 0\n",
+		"# TYPE dmfuse_memory_releases_total counter\n",
+		"dmfuse_memory_releases_total 7\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q missing from:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "# TYPE dmfuse_uring_handoffs_total "); n != 1 {
+		t.Errorf("%d TYPE lines for dmfuse_uring_handoffs_total:\n%s", n, got)
+	}
+	if strings.Contains(got, " gauge\n") {
+		t.Errorf("a gauge among the counters:\n%s", got)
 	}
 }
