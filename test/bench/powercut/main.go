@@ -54,7 +54,7 @@ func main() {
 	rt := flag.Duration("runtime", 10*time.Second, "fio runtime of each run")
 	size := flag.Int("size", 1024, "size of the backing file and of each device in MiB")
 	cache := flag.Int64("cache", -1, "powercut cache_sectors (-1: the default, 65536 sectors = 32 MiB)")
-	transport := flag.String("transport", "dev", "dmfuse --transport")
+	transport := flag.String("transport", "auto", "dmfuse --transport (auto: io_uring where the kernel has it switched on, as users get)")
 	out := flag.String("out", "", "also write the table to this file")
 	jobs := flag.String("jobs", "", "run only the jobs whose title ends with this (e.g. \"2x32\": libaio 2x32 without fsync)")
 	pprof := flag.String("pprof", "", "daemon --pprof HOST:PORT, to profile it during the runs")
@@ -127,12 +127,17 @@ func (b *bench) run(w io.Writer) (err error) {
 	if err := srv.WaitReady(ctx, benchkit.FileReady(filepath.Join(b.mnt, "pc"))); err != nil {
 		return err
 	}
+	// The daemon says it serves after it logged the transport it chose.
+	if err := srv.WaitReady(ctx, func() bool { return benchkit.ServerLine(srv, "serving ") != "" }); err != nil {
+		return err
+	}
 	table, err := benchkit.Ctl(b.bin, b.sock, "table", "pc")
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "Machine: %d CPUs, kernel %s, fio %s, %s; transport %s; load average at the start: %s.\n",
-		runtime.NumCPU(), benchkit.Kernel(), benchkit.FioVersion(), runtime.Version(), b.transport, loadavg())
+	fmt.Fprintf(w, "Machine: %d CPUs, kernel %s, fio %s, %s; --transport %s: %s; load average at the start: %s.\n",
+		runtime.NumCPU(), benchkit.Kernel(), benchkit.FioVersion(), runtime.Version(), b.transport,
+		benchkit.ServerLine(srv, "transport "), loadavg())
 	fmt.Fprintf(w, "Devices of %d MiB over one tmpfs file: lin (linear) and pc (%s).\n\n", b.sizeMiB, strings.TrimSpace(table))
 	return b.measure(ctx, w)
 }
