@@ -102,7 +102,7 @@ type Config struct {
 	ExpectMargin time.Duration
 	// TakeoverAfter is how long a request may hold a queue's thread,
 	// without saying it waits, before the watchdog hands the queue to
-	// another thread (DefaultTakeoverAfter if 0).
+	// another thread (DefaultTakeoverAfter if 0 or negative).
 	TakeoverAfter time.Duration
 	// Logf reports problems; nil discards them.
 	Logf func(format string, args ...any)

@@ -230,10 +230,7 @@ func (b *ubench) setup(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("config %s: %w", c.name, err)
 		}
-		// The device file appears before an io_uring daemon has
-		// registered its rings and logged its transport; it says it
-		// serves after that.
-		if err := srv.WaitReady(ctx, func() bool { return benchkit.ServerLine(srv, "serving ") != "" }); err != nil {
+		if err := srv.WaitServing(ctx); err != nil {
 			return fmt.Errorf("config %s: %w", c.name, err)
 		}
 		c.pid, c.trans = srv.Pid, benchkit.ServerLine(srv, "transport")

@@ -167,6 +167,13 @@ func (s *Server) WaitReady(ctx context.Context, ready func() bool) error {
 	return nil
 }
 
+// WaitServing waits, as WaitReady, until a dmfuse daemon has said that it
+// serves. Its device files appear before that: an io_uring daemon registers
+// its rings and logs the transport it chose after them.
+func (s *Server) WaitServing(ctx context.Context) error {
+	return s.WaitReady(ctx, func() bool { return ServerLine(s, "serving ") != "" })
+}
+
 // Stop sends SIGTERM and waits up to grace for the server to exit; then it
 // unmounts lazily and kills it. A mount left behind is unmounted lazily.
 func (s *Server) Stop(grace time.Duration) {

@@ -127,8 +127,7 @@ func (b *bench) run(w io.Writer) (err error) {
 	if err := srv.WaitReady(ctx, benchkit.FileReady(filepath.Join(b.mnt, "pc"))); err != nil {
 		return err
 	}
-	// The daemon says it serves after it logged the transport it chose.
-	if err := srv.WaitReady(ctx, func() bool { return benchkit.ServerLine(srv, "serving ") != "" }); err != nil {
+	if err := srv.WaitServing(ctx); err != nil {
 		return err
 	}
 	table, err := benchkit.Ctl(b.bin, b.sock, "table", "pc")
