@@ -34,10 +34,12 @@ type Clock interface {
 
 // A Sleeper is a Clock that can also wait without spinning: Sleep blocks
 // until Now() >= deadline or until Wake is called, like Wait, but gives the
-// CPU away for the whole wait, and may end a little after the deadline. The
-// scheduler sleeps so while several requests are active (Scheduler.lead),
-// when it releases them at their deadlines and a spin would only take a CPU
-// that the requests about to run need.
+// CPU away for the whole wait, may end a little after the deadline, and
+// with deadline Forever sleeps at once where Wait may poll for a while
+// first. The scheduler sleeps so while several requests are active
+// (Scheduler.lead), when it releases them at their deadlines and a spin
+// would only take a CPU that the requests about to run need, and when
+// nothing is queued after releasing only long delays (Scheduler.sleeps).
 type Sleeper interface {
 	Sleep(deadline int64)
 }

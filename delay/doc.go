@@ -42,8 +42,9 @@
 // delay is no longer than the lead never parks and never involves the
 // scheduler: it spins, and leaves its queue at its deadline unless presuspend
 // releases it first. A request with an earlier deadline wakes the scheduler
-// through the eventfd; with nothing queued it lingers briefly (Linger) and then
-// sleeps without a timeout. A waiting request parks its thread in futex(2) on a
+// through the eventfd; with nothing queued it sleeps without a timeout, after
+// lingering briefly (Linger) only if it just released a request shorter than
+// LingerBelow, whose successor may need it sooner than a wake-up. A waiting request parks its thread in futex(2) on a
 // pooled waiter and allocates nothing; the release is one futex wake-up
 // (park_linux.go says why not a channel). So each waiting request holds an OS
 // thread, which the Go runtime creates as needed and keeps for reuse: 64

@@ -2,6 +2,7 @@ package delay
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -96,13 +97,15 @@ func TestLeadOnlyWhenAlone(t *testing.T) {
 	ta := r.target("8:16 0 10")
 	tb := r.target("8:32 0 10")
 	ctx := context.Background()
+	r.clock.settle() // with nothing queued yet, in Sleep: nothing was released
+	base := sc.sleeps.Load()
 
 	a := r.read(ta, ctx)
 	waitStatus(t, ta, "1 0 0")
 	if d := r.clock.settle(); d != a.issued+8*ms {
 		t.Fatalf("alone: scheduler waits until %d, want the lead before the deadline (%d)", d-a.issued, 8*ms)
 	}
-	if n := sc.sleeps.Load(); n != 0 {
+	if n := sc.sleeps.Load() - base; n != 0 {
 		t.Fatalf("alone: %d sleeps, want the scheduler in Wait", n)
 	}
 	r.clock.Advance(ms)
@@ -112,7 +115,7 @@ func TestLeadOnlyWhenAlone(t *testing.T) {
 	if d := r.clock.settle(); d != a.issued+10*ms {
 		t.Fatalf("with another request active: scheduler waits until %d, want the deadline (%d)", d-a.issued, 10*ms)
 	}
-	if n := sc.sleeps.Load(); n != 1 {
+	if n := sc.sleeps.Load() - base; n != 1 {
 		t.Fatalf("with another request active: %d sleeps, want 1", n)
 	}
 	waitStatus(t, ta, "1 0 0") // not released early
@@ -145,4 +148,53 @@ type sleepClock struct {
 func (c *sleepClock) Sleep(deadline int64) {
 	c.sleeps.Add(1)
 	c.fakeClock.Wait(deadline)
+}
+
+// TestLingerOnlyAfterShortDelays: with nothing queued, the scheduler waits
+// in Wait (which lingers on the real clock) only after releasing a request
+// shorter than LingerBelow; after a longer one it sleeps in Sleep at once.
+func TestLingerOnlyAfterShortDelays(t *testing.T) {
+	r := newRig(t)
+	sc := &sleepClock{fakeClock: r.clock}
+	onRelease := r.s.onRelease
+	r.s = NewScheduler(sc)
+	r.s.onRelease = onRelease
+	lead := ms / 10
+	r.clock.lead = lead
+	short := int64(LingerBelow) / 2
+	long := r.target("8:16 0 10")
+	brief := r.target(fmt.Sprintf("8:32 0 %g", float64(short)/float64(ms)))
+	ctx := context.Background()
+
+	// serve runs one read of tg, of delay d, to its end and returns how
+	// many times the scheduler slept in Sleep from the read's release to
+	// its next wait with nothing queued.
+	serve := func(tg *Target, d int64) int32 {
+		t.Helper()
+		o := r.read(tg, ctx)
+		waitStatus(t, tg, "1 0 0")
+		if got := r.clock.settle(); got != o.issued+d-lead {
+			t.Fatalf("delay %d: scheduler waits until %d, want %d", d, got-o.issued, d-lead)
+		}
+		n := sc.sleeps.Load()
+		r.clock.Advance(d - lead)
+		waitStatus(t, tg, "0 0 0")
+		r.clock.Advance(lead)
+		if err := o.result(t); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.clock.settle(); got != Forever {
+			t.Fatalf("delay %d: after the release the scheduler waits until %d, want Forever", d, got)
+		}
+		return sc.sleeps.Load() - n
+	}
+	if n := serve(long, 10*ms); n != 1 {
+		t.Errorf("after a 10 ms request: %d sleeps, want 1 (no linger)", n)
+	}
+	if n := serve(brief, short); n != 0 {
+		t.Errorf("after a %d ns request: %d sleeps, want 0 (a Wait, which lingers)", short, n)
+	}
+	if n := serve(long, 10*ms); n != 1 {
+		t.Errorf("after a 10 ms request again: %d sleeps, want 1", n)
+	}
 }

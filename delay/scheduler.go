@@ -54,6 +54,10 @@ type Scheduler struct {
 	dueNext []int64
 	dueMore []bool
 	batch   []*waiter
+	// short: the last pass released a request whose delay is below
+	// LingerBelow, so the next one of its stream may need the loop within
+	// a thread wake-up of its arrival.
+	short bool
 
 	// onRelease, if set, is called by the loop for every released request in
 	// release order (tests).
@@ -172,7 +176,7 @@ func (s *Scheduler) loop() {
 			}
 			s.waiting, s.waitUntil = true, until
 			s.mu.Unlock()
-			if s.sleeper != nil && lead == 0 && until != Forever && s.clock.Lead() > 0 {
+			if s.sleeps(lead, until) {
 				s.sleeper.Sleep(until)
 			} else {
 				s.clock.Wait(until)
@@ -192,6 +196,23 @@ func (s *Scheduler) loop() {
 		}
 		s.due, s.dueNext, s.dueMore = s.due[:0], s.dueNext[:0], s.dueMore[:0]
 	}
+}
+
+// sleeps reports whether the loop waits until until in the clock's Sleep
+// rather than its Wait (which spins before a deadline and lingers before
+// an endless wait): while several requests are active (lead 0) and one is
+// queued, since its release is at its deadline and a spin would take a CPU
+// the released requests need; and with nothing queued unless the last pass
+// released a request shorter than LingerBelow, since the next request of
+// a longer delay leaves the loop time to wake.
+func (s *Scheduler) sleeps(lead, until int64) bool {
+	if s.sleeper == nil || s.clock.Lead() == 0 {
+		return false
+	}
+	if until == Forever {
+		return !s.short
+	}
+	return lead == 0
 }
 
 // lead returns how early the loop releases requests now: the clock's Lead
@@ -217,7 +238,9 @@ func (s *Scheduler) pass(now int64) {
 	if len(s.batch) == 0 {
 		return
 	}
+	s.short = false
 	for i, w := range s.batch {
+		s.short = s.short || w.delay < int64(LingerBelow)
 		if s.onRelease != nil {
 			s.onRelease(w)
 		}
@@ -257,6 +280,7 @@ type waiter struct {
 	sig        atomic.Uint32 // 1 once signalled
 	prev, next *waiter
 	deadline   int64
+	delay      int64  // requested, ns
 	seq        uint64 // arrival order within the queue
 	class      uint8
 	state      uint8
@@ -344,7 +368,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	w.sig.Store(0)
 	long := d > q.s.clock.Lead()
 	due := q.s.clock.Now() + d // presuspend rewrites w.deadline once queued
-	w.deadline = due
+	w.deadline, w.delay = due, d
 	w.class, w.state = uint8(c), stateQueued
 	q.mu.seq++
 	w.seq = q.mu.seq
