@@ -44,8 +44,9 @@
 // releases it first. A request with an earlier deadline wakes the scheduler
 // through the eventfd; with nothing queued it sleeps without a timeout, after
 // lingering briefly (Linger) only if it just released a request shorter than
-// LingerBelow, whose successor may need it sooner than a wake-up. A waiting request parks its thread in futex(2) on a
-// pooled waiter and allocates nothing; the release is one futex wake-up
+// LingerBelow, whose successor may need it sooner than a wake-up. A waiting
+// request parks its thread in futex(2) on a pooled waiter and allocates
+// nothing; the release is one futex wake-up
 // (park_linux.go says why not a channel). So each waiting request holds an OS
 // thread, which the Go runtime creates as needed and keeps for reuse: 64
 // requests in flight on a delay device mean about 64 threads. The queued counts
@@ -59,20 +60,22 @@
 // # Measurements
 //
 // go test -run XXX -bench 'Accuracy/scheduler|Wakeup|QD1CPU|QueueDepth'
-// -benchtime 2000x -count 3 ./delay/ on an otherwise idle 2-vCPU VM;
-// lateness = actual minus requested delay of a 4 KiB ReadAt, median / p99,
-// range of the 3 runs (the same command before requests parked in futex(2),
-// when they parked on a channel, in brackets):
+// -benchtime 2000x -count 3 ./delay/ on an otherwise idle 2-vCPU VM (kernel
+// 6.18.44); lateness = actual minus requested delay of a 4 KiB ReadAt,
+// median / p99, range of the 3 runs (in brackets, two runs of the same
+// command when the scheduler lingered after every release, not only after
+// delays below LingerBelow):
 //
-//	0.05 ms  0.3-0.4 us / 16-35 us
-//	0.1 ms   0.4-0.6 us / 26-42 us
-//	1 ms     1.2-1.6 us / 147-195 us    [1.8-2.2 us / 464-501 us]
-//	10 ms    6.0-6.7 us / 617-911 us    [28-36 us / 373-735 us]
+//	0.05 ms  0.2 us / 18-21 us        [0.2-0.3 us / 19-41 us]
+//	0.1 ms   0.2 us / 17-21 us        [0.2-0.4 us / 14-71 us]
+//	1 ms     0.6 us / 17-19 us        [0.6-1.5 us / 170-1163 us]
+//	10 ms    1.4-2.9 us / 299-603 us  [2.5-21 us / 332-2645 us]
 //
 // The release itself (BenchmarkWakeup, futex wake to the parked thread
-// running) takes 3.7-5.4 us at the median when the scheduler naps right after
-// it, about 65 us with a channel. CPU: 0.2 ms per second idle with a target
-// constructed (BenchmarkIdleCPU); 405-422 ms per second serving QD1 at 1 ms
-// (BenchmarkQD1CPU, 964-968 IOPS); 64 concurrent requests on 10 ms reach
-// 5931-5944 IOPS of 6400 (BenchmarkQueueDepth).
+// running) takes 2.7-3.0 us at the median when the scheduler naps right after
+// it. CPU: 0.5-0.7 ms per second idle with a target constructed
+// (BenchmarkIdleCPU, -benchtime 5x); 322-343 ms per second serving QD1 at
+// 1 ms (BenchmarkQD1CPU, 995-998 IOPS; 402-416 ms/s at 965-973 IOPS with a
+// linger after every release); 64 concurrent requests on 10 ms reach
+// 5926-6168 IOPS of 6400 (BenchmarkQueueDepth).
 package delay
