@@ -53,8 +53,8 @@ const Linger = 200 * time.Microsecond
 // (340 us) after it arrives, more than waking the scheduler's thread takes,
 // while the naps of a linger, each a timer interrupt, compete for the CPUs
 // with the released request's spin, its reply and the application: on a
-// 2-vCPU VM a 1 ms delay device at queue depth 1 served 872-887 IOPS on
-// /dev/fuse with a linger after every release, 936-946 without.
+// 2-vCPU VM a 1 ms delay device at queue depth 1 served 875-882 IOPS on
+// /dev/fuse with a linger after every release, 938-957 without.
 const LingerBelow = 500 * time.Microsecond
 
 // nap is the timeout of one ppoll while lingering or yielding.
