@@ -111,8 +111,6 @@ type entry struct {
 	// expectAt is when the running request said it would complete
 	// (Expecting), by the server's clock; 0: it did not say.
 	expectAt atomic.Int64
-
-	offload func() // runOffloaded, bound once so that go e.offload() allocates nothing
 }
 
 // Interrupt states of entry.run, above any unique id the kernel hands out.

@@ -101,3 +101,59 @@ func TestCloseWaitsForOffloaded(t *testing.T) {
 		t.Error("the ring was not released after the offloaded request ended")
 	}
 }
+
+// TestOffloadWorkers: offloaded requests run on workers that outlive them:
+// one after another they all run on one worker, at once each on a worker of
+// its own, and the workers end with the server.
+func TestOffloadWorkers(t *testing.T) {
+	s, r, fs, _ := newFakeServer(t, 8)
+	s.cfg.OffloadBytes = 8192
+	big := func(unique, node uint64) {
+		in := fuse.ReadIn{Size: 8192}
+		r.send(opRead, unique, node, unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):])
+	}
+	// idle waits until n workers are back in their receive (a send
+	// succeeds only to an idle worker, so until then a new one would start).
+	idle := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for int(s.offloads.idle.Load()) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d workers idle", int(s.offloads.idle.Load()), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := range uint64(3) {
+		big(100+i, nodeFast)
+		if p := r.reply(t); p.unique != 100+i || p.size != 8192 {
+			t.Fatalf("reply %+v, want %d's", p, 100+i)
+		}
+		idle(1)
+	}
+	if n := s.offloads.workers.Load(); n != 1 {
+		t.Fatalf("3 large reads one after another: %d workers, want 1", n)
+	}
+	big(200, nodeSilent)
+	<-fs.started
+	big(201, nodeFast)
+	if p := r.reply(t); p.unique != 201 {
+		t.Fatalf("reply %+v, want 201's while 200 waits", p)
+	}
+	if n := s.offloads.workers.Load(); n != 2 {
+		t.Fatalf("a large read while another waits: %d workers, want 2", n)
+	}
+	close(fs.release)
+	if p := r.reply(t); p.unique != 200 {
+		t.Fatalf("reply %+v, want 200's", p)
+	}
+	s.Close()
+	s.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.offloads.workers.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d workers left after the server ended", s.offloads.workers.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -377,7 +377,7 @@ func (q *queue) handle(e *entry) bool {
 		e.seq = 0
 		q.offloaded.Add(1)
 		q.s.wg.Add(1)
-		go e.offload()
+		q.s.offloads.run(e)
 		return false
 	}
 	q.seq++

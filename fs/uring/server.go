@@ -145,9 +145,10 @@ type Server struct {
 	// interrupts counts the interrupts that reached a request.
 	interrupts atomic.Uint64
 
-	wg   sync.WaitGroup // queue threads
-	dog  *watchdog
-	done chan struct{}
+	wg       sync.WaitGroup // queue threads and offloaded requests
+	offloads *offloader
+	dog      *watchdog
+	done     chan struct{}
 }
 
 // monotonic is the default clock: nanoseconds since the package started.
@@ -251,7 +252,7 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	if cfg.TakeoverAfter <= 0 {
 		cfg.TakeoverAfter = DefaultTakeoverAfter
 	}
-	s := &Server{cfg: cfg, clock: cfg.Clock, fd: -1, done: make(chan struct{}), expectMargin: int64(cfg.ExpectMargin)}
+	s := &Server{cfg: cfg, clock: cfg.Clock, fd: -1, done: make(chan struct{}), expectMargin: int64(cfg.ExpectMargin), offloads: newOffloader()}
 	if unix.SchedGetaffinity(0, &s.cpus) != nil {
 		for i := range runtime.NumCPU() {
 			s.cpus.Set(i)
@@ -336,6 +337,7 @@ func (s *Server) start(fs fuse.RawFileSystem) error {
 	if first != nil {
 		s.Close()
 		s.wg.Wait()
+		s.offloads.close()
 		s.release()
 		close(s.done)
 		return first
@@ -343,6 +345,7 @@ func (s *Server) start(fs fuse.RawFileSystem) error {
 	go s.dog.run()
 	go func() {
 		s.wg.Wait()
+		s.offloads.close()
 		s.dog.close()
 		s.release()
 		close(s.done)
@@ -573,7 +576,6 @@ func (s *Server) newEntries(q *queue, mem []byte) []entry {
 		}
 		e.ioCtx = stack.WithWaiter(io, e)
 		e.fuaCtx = stack.WithWaiter(fua, e)
-		e.offload = e.runOffloaded
 	}
 	return ents
 }
