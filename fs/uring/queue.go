@@ -370,10 +370,11 @@ func (q *queue) handle(e *entry) bool {
 	}
 	q.requests.Add(1)
 	if q.s.cfg.OffloadBytes > 0 && e.size() >= q.s.cfg.OffloadBytes {
-		// A large READ or WRITE is mostly a copy: run it on another
-		// thread (another CPU), so that the queue goes on meanwhile.
-		// It counts as one of the queues' threads, so that the rings
-		// and their buffers outlive it even after Close.
+		// A large READ or WRITE is mostly a copy: run it on an
+		// offload worker (another thread, another CPU), so that the
+		// queue goes on meanwhile. It counts as one of the queues'
+		// threads, so that the rings and their buffers outlive it even
+		// after Close.
 		e.seq = 0
 		q.offloaded.Add(1)
 		q.s.wg.Add(1)

@@ -86,7 +86,7 @@ type Config struct {
 	// next CPU.
 	Pin int
 	// OffloadBytes: a READ or WRITE of at least this many bytes runs on
-	// a goroutine of its own instead of the leader's thread, so that the
+	// an offload worker instead of the leader's thread, so that the
 	// leader serves the requests behind it meanwhile and another CPU
 	// copies the data (DefaultOffloadBytes if 0; negative: never).
 	OffloadBytes int
