@@ -88,11 +88,7 @@ func TestEarlyRelease(t *testing.T) {
 // released request does not spin; once alone again, a request is released
 // early.
 func TestLeadOnlyWhenAlone(t *testing.T) {
-	r := newRig(t)
-	sc := &sleepClock{fakeClock: r.clock}
-	onRelease := r.s.onRelease
-	r.s = NewScheduler(sc)
-	r.s.onRelease = onRelease
+	r, sc := newSleepRig(t)
 	r.clock.lead = 2 * ms
 	ta := r.target("8:16 0 10")
 	tb := r.target("8:32 0 10")
@@ -154,11 +150,7 @@ func (c *sleepClock) Sleep(deadline int64) {
 // in Wait (which lingers on the real clock) only after releasing a request
 // shorter than LingerBelow; after a longer one it sleeps in Sleep at once.
 func TestLingerOnlyAfterShortDelays(t *testing.T) {
-	r := newRig(t)
-	sc := &sleepClock{fakeClock: r.clock}
-	onRelease := r.s.onRelease
-	r.s = NewScheduler(sc)
-	r.s.onRelease = onRelease
+	r, sc := newSleepRig(t)
 	lead := ms / 10
 	r.clock.lead = lead
 	short := int64(LingerBelow) / 2
@@ -197,4 +189,15 @@ func TestLingerOnlyAfterShortDelays(t *testing.T) {
 	if n := serve(long, 10*ms); n != 1 {
 		t.Errorf("after a 10 ms request again: %d sleeps, want 1", n)
 	}
+}
+
+// newSleepRig is newRig with a scheduler whose clock is a Sleeper that
+// counts its sleeps.
+func newSleepRig(t *testing.T) (*rig, *sleepClock) {
+	r := newRig(t)
+	sc := &sleepClock{fakeClock: r.clock}
+	onRelease := r.s.onRelease
+	r.s = NewScheduler(sc)
+	r.s.onRelease = onRelease
+	return r, sc
 }
