@@ -171,8 +171,11 @@ func (r *fakeRing) send(op uint32, unique, node uint64, opIn []byte) {
 func (r *fakeRing) read(unique, node uint64) { r.readAt(unique, node, 0) }
 
 // readAt sends a 4 KiB READ of node at offset off.
-func (r *fakeRing) readAt(unique, node, off uint64) {
-	in := fuse.ReadIn{Size: 4096, Offset: off}
+func (r *fakeRing) readAt(unique, node, off uint64) { r.readSize(unique, node, off, 4096) }
+
+// readSize sends a READ of size bytes of node at offset off.
+func (r *fakeRing) readSize(unique, node, off uint64, size uint32) {
+	in := fuse.ReadIn{Size: size, Offset: off}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
 	r.send(opRead, unique, node, b)
 }

@@ -16,11 +16,7 @@ func TestOffloadLarge(t *testing.T) {
 	q := s.queues[0]
 	// Before any request: the leader reads it only for a request.
 	s.cfg.OffloadBytes = 8192
-	big := func(unique, node uint64) {
-		in := fuse.ReadIn{Size: 8192}
-		b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
-		r.send(opRead, unique, node, b)
-	}
+	big := func(unique, node uint64) { r.readSize(unique, node, 0, 8192) }
 	big(100, nodeSilent) // waits without saying so, and the clock never moves
 	<-fs.started
 	for i := range uint64(5) {
@@ -76,8 +72,7 @@ func TestCloseWaitsForOffloaded(t *testing.T) {
 	s, r, fs, _ := newFakeServer(t, 4)
 	q := s.queues[0]
 	s.cfg.OffloadBytes = 8192
-	in := fuse.ReadIn{Size: 8192}
-	r.send(opRead, 100, nodeSilent, unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):])
+	r.readSize(100, nodeSilent, 0, 8192)
 	<-fs.started
 	s.Close()
 	for {
@@ -108,28 +103,15 @@ func TestCloseWaitsForOffloaded(t *testing.T) {
 func TestOffloadWorkers(t *testing.T) {
 	s, r, fs, _ := newFakeServer(t, 8)
 	s.cfg.OffloadBytes = 8192
-	big := func(unique, node uint64) {
-		in := fuse.ReadIn{Size: 8192}
-		r.send(opRead, unique, node, unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):])
-	}
-	// idle waits until n workers are back in their receive (a send
-	// succeeds only to an idle worker, so until then a new one would start).
-	idle := func(n int) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for int(s.offloads.idle.Load()) < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d workers idle", int(s.offloads.idle.Load()), n)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	big := func(unique, node uint64) { r.readSize(unique, node, 0, 8192) }
 	for i := range uint64(3) {
 		big(100+i, nodeFast)
 		if p := r.reply(t); p.unique != 100+i || p.size != 8192 {
 			t.Fatalf("reply %+v, want %d's", p, 100+i)
 		}
-		idle(1)
+		// Until the worker is back in its receive, a send would
+		// start a new one.
+		waitUntil(t, "the worker idle", func() bool { return s.offloads.idle.Load() >= 1 })
 	}
 	if n := s.offloads.workers.Load(); n != 1 {
 		t.Fatalf("3 large reads one after another: %d workers, want 1", n)
@@ -149,11 +131,16 @@ func TestOffloadWorkers(t *testing.T) {
 	}
 	s.Close()
 	s.Wait()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.offloads.workers.Load() != 0 {
+	waitUntil(t, "no workers after the server ended", func() bool { return s.offloads.workers.Load() == 0 })
+}
+
+// waitUntil polls cond for up to 10 s and fails the test, naming what, if
+// it never holds.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d workers left after the server ended", s.offloads.workers.Load())
+			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
