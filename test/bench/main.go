@@ -37,7 +37,7 @@
 //
 // # The io_uring suites
 //
-//	go run ./test/bench -suite uring|transports,multipath,delay,idle [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D]
+//	go run ./test/bench -suite uring|transports,multipath,delay,idle,floor [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D]
 //
 // compare dmfuse's transports instead. Each config of -configs
 // (NAME[@REV]=FLAGS, separated by ';'; by default dev, uring and uring-poll:
@@ -62,6 +62,10 @@
 //     the delay, whose mean completion latency gives the ceiling
 //     1 / (delay + that latency); and 2x32 writes on 10 ms against 64 / delay.
 //   - idle: per daemon, a QD1 load, then its CPU while no I/O runs for -idle.
+//   - floor: what this machine charges for the parts of a QD1 round trip
+//     that no FUSE daemon can leave out (system calls, switches between
+//     processes, the backing read; see floor.go), the QD1 ceiling they
+//     allow, and QD1 on the loop device and each daemon's zero device.
 //
 // Everything it set up (fio, loop device, mounts, daemons, tmpfs, scratch
 // folder) is torn down on exit, on error and on SIGINT or SIGTERM.
@@ -121,8 +125,9 @@ type sample struct {
 }
 
 func main() {
+	floorPeer()
 	var (
-		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,multipath,delay,idle")
+		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,multipath,delay,idle,floor")
 		devices = flag.String("devices", strings.Join(allDevices, ","), "devices to measure against the baseline")
 		jobs    = flag.String("jobs", jobNames(), "fio jobs to run (devices and transports suites)")
 		pairs   = flag.Int("pairs", 5, "interleaved (baseline, device) pairs per job and device")

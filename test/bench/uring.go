@@ -20,7 +20,7 @@ import (
 // its own (a "config": a name, mount flags, optionally a git revision to
 // build), mounted side by side over the same tmpfs file, in interleaved
 // rounds.
-var uringSuites = []string{"transports", "multipath", "delay", "idle"}
+var uringSuites = []string{"transports", "multipath", "delay", "idle", "floor"}
 
 const defaultConfigs = "dev=--transport=dev;uring=--transport=uring;uring-poll=--transport=uring --poll=50us"
 
@@ -118,7 +118,7 @@ func parseSuites(s string) ([]string, error) {
 }
 
 func (b *ubench) run(ctx context.Context) (string, error) {
-	if err := check(b.has("transports")); err != nil {
+	if err := check(b.has("transports") || b.has("floor")); err != nil {
 		return "", err
 	}
 	if err := b.setup(ctx); err != nil {
@@ -159,6 +159,8 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 			err = b.delay(ctx)
 		case "idle":
 			err = b.idleCPU(ctx)
+		case "floor":
+			err = b.floor(ctx)
 		}
 		if err != nil {
 			return "", err
@@ -238,7 +240,7 @@ func (b *ubench) setup(ctx context.Context) error {
 	}
 	restore()
 
-	if b.has("transports") {
+	if b.has("transports") || b.has("floor") {
 		if b.loop, err = benchkit.AttachLoop(ctx, &b.undo, b.lin); err != nil {
 			return err
 		}
@@ -259,6 +261,9 @@ func (b *ubench) table() string {
 		lines = append(lines,
 			fmt.Sprintf("hst,,,rw,0 %d multipath 0 0 1 1 historical-service-time 0 4 1 f1 1 s1 1 s2 1 s3 1", sec),
 			fmt.Sprintf("fast,,,rw,0 %d multipath 0 0 1 1 round-robin 0 1 1 f1 1", sec))
+	}
+	if b.has("floor") {
+		lines = append(lines, fmt.Sprintf("zero,,,rw,0 %d zero", sec))
 	}
 	if b.has("delay") {
 		for _, d := range []string{"0", "1", "10"} {
