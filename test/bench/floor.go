@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 )
 
 // The floor suite measures what this machine charges for the parts of a
@@ -208,14 +206,15 @@ func callCosts(file string, size int64) (sys, pipeOps, pread float64, err error)
 		})
 	}
 	sys = per(func(int) { unix.RawSyscall(unix.SYS_GETPPID, 0, 0, 0) })
-	var p [2]int
-	if err = unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+	pr, pw, err := pipe()
+	if err != nil {
 		return
 	}
 	var b [1]byte
-	pipeOps = per(func(int) { unix.Write(p[1], b[:]); unix.Read(p[0], b[:]) })
-	unix.Close(p[0])
-	unix.Close(p[1])
+	r, w := int(pr.Fd()), int(pw.Fd())
+	pipeOps = per(func(int) { unix.Write(w, b[:]); unix.Read(r, b[:]) })
+	pr.Close()
+	pw.Close()
 	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return
@@ -272,13 +271,7 @@ func (b *ubench) floor(ctx context.Context) error {
 		}
 	}
 
-	med := func(g func(floorCosts) float64) float64 {
-		v := make([]float64, len(costs))
-		for i, f := range costs {
-			v[i] = g(f)
-		}
-		return benchkit.Median(v)
-	}
+	med := func(g func(floorCosts) float64) float64 { return medOf(costs, g) }
 	w := &b.w
 	fmt.Fprintf(w, "### The floor of a QD1 round trip on this machine\n\nWhat any FUSE daemon in a process of its own pays per QD1 I/O at least, whatever its transport (see test/bench/floor.go): two switches between processes on the application's CPU, or a wake-up of it from the other CPU, plus three system calls (the application's, the backing read, the reply), leaving out FUSE's and io_uring's own work. Each figure is the fastest of %d batches of %d round trips or calls (pinned with sched_setaffinity), in us; medians of %d rounds.\n\n", floorBatches, floorBatch, b.rounds)
 	table(w, []string{"getppid", "pipe write + read, one thread", "4 KiB pread of the tmpfs file", "round trip: threads, one CPU", "round trip: processes, one CPU", "round trip: processes, two CPUs", "floor on one CPU", "floor across CPUs"})
@@ -298,10 +291,7 @@ func (b *ubench) floor(ctx context.Context) error {
 	for _, j := range qd1 {
 		row := fmt.Sprintf("| %s | %s |", j.title, kilo(medOf(res[j.name]["loop"], j.value)))
 		for _, c := range b.configs {
-			var ratios []float64
-			for i, x := range res[j.name][c.name] {
-				ratios = append(ratios, x.iops/res[j.name]["loop"][i].iops)
-			}
+			ratios := perRound(res[j.name][c.name], res[j.name]["loop"], j.value)
 			row += fmt.Sprintf(" %s | %s |", kilo(medOf(res[j.name][c.name], j.value)), ratioCell(ratios))
 		}
 		var ceil []float64

@@ -347,10 +347,21 @@ func pctCell(v []float64) string {
 	return fmt.Sprintf("**%.1f%%** (%.1f-%.1f)", 100*benchkit.Median(v), 100*slices.Min(v), 100*slices.Max(v))
 }
 
-func medOf(rs []urun, f func(urun) float64) float64 {
+// medOf returns the median of f over rs.
+func medOf[T any](rs []T, f func(T) float64) float64 {
 	v := make([]float64, len(rs))
 	for i, r := range rs {
 		v[i] = f(r)
 	}
 	return benchkit.Median(v)
+}
+
+// perRound returns the per-round ratios f(a[i]) / f(b[i]) of two targets'
+// runs in the same rounds.
+func perRound(a, b []urun, f func(urun) float64) []float64 {
+	v := make([]float64, len(a))
+	for i, x := range a {
+		v[i] = f(x) / f(b[i])
+	}
+	return v
 }

@@ -71,13 +71,7 @@ func (b *ubench) transports(ctx context.Context) error {
 				row = append(row, kilo(v))
 			}
 		}
-		per := func(a, c string) []float64 {
-			var v []float64
-			for i, x := range res[j.name][a] {
-				v = append(v, j.value(x)/j.value(res[j.name][c][i]))
-			}
-			return v
-		}
+		per := func(a, c string) []float64 { return perRound(res[j.name][a], res[j.name][c], j.value) }
 		for _, c := range b.configs[1:] {
 			row = append(row, ratioCell(per(c.name, ref)))
 		}
@@ -159,13 +153,7 @@ func (b *ubench) multipath(ctx context.Context) error {
 	table(w, []string{"daemon", "hst", "fast", "f1", "hst / fast", "hst / f1", "slow share", "daemon CPU in hst", "machine us / read hst (fast)", "switches / read hst (fast)"})
 	for _, c := range b.configs {
 		rs := res[c.name]
-		per := func(a, d string) []float64 {
-			var v []float64
-			for i, x := range rs[a] {
-				v = append(v, x.iops/rs[d][i].iops)
-			}
-			return v
-		}
+		per := func(a, d string) []float64 { return perRound(rs[a], rs[d], mpJob.value) }
 		usPer := func(r urun) float64 { return r.machine / r.iops * 1e6 }
 		swPer := func(r urun) float64 { return r.switches / r.iops }
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.2f | %.1f (%.1f) | %.3f (%.3f) |\n", c.name,
