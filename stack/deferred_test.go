@@ -156,10 +156,19 @@ func TestDeferredRemove(t *testing.T) {
 	}
 	e.setUsers("d", 0)
 	waitGone(t, m, "d")
-	mu.Lock()
-	defer mu.Unlock()
-	if !reflect.DeepEqual(removed, []string{"d"}) {
-		t.Errorf("OnRemove saw %v", removed)
+	// The device leaves the table of names before OnRemove runs (outside
+	// the manager's lock), so the hook may lag the lookup by a moment.
+	var saw []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		saw = append(saw[:0], removed...)
+		mu.Unlock()
+		if len(saw) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !reflect.DeepEqual(saw, []string{"d"}) {
+		t.Errorf("OnRemove saw %v", saw)
 	}
 	if _, err := m.Message(context.Background(), "d", 0, []string{"@cancel_deferred_remove"}); !errors.Is(err, syscall.ENXIO) {
 		t.Errorf("cancel on a removed device: %v", err)
