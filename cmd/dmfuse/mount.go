@@ -19,6 +19,7 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 )
@@ -71,7 +72,7 @@ func parsePoll(v string) (time.Duration, error) {
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
 	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, stack.Powercut)
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, powercut.Type)
 	if err != nil {
 		panic(err)
 	}

@@ -1,8 +1,10 @@
-package stack
+package powercut
 
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // TestPowercutIndexForms: the slice index of a small target and the map
@@ -133,9 +135,9 @@ func TestPowercutStripeMask(t *testing.T) {
 	}
 }
 
-// PowercutSettle waits until the destager of powercut target t is idle, so
+// Settle waits until the destager of powercut target t is idle, so
 // that what it writes back is on the device.
-func PowercutSettle(t Target) {
+func Settle(t stack.Target) {
 	p := t.(*powercut)
 	p.room.Lock()
 	p.idleLocked()

@@ -1,4 +1,4 @@
-package stack_test
+package powercut_test
 
 import (
 	"bytes"
@@ -20,8 +20,10 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/delay"
+	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
 const pcSector = stack.SectorSize
@@ -30,13 +32,13 @@ const pcSector = stack.SectorSize
 // reaches it: "w OFF LEN", "w+fua OFF LEN", "d OFF LEN", "z OFF LEN" (bytes)
 // and "flush".
 type pcRecDev struct {
-	*stack.MemDevice
+	*stacktest.MemDevice
 	mu  sync.Mutex
 	log []string
 }
 
 func newPCRecDev(name string, sectors int64) *pcRecDev {
-	return &pcRecDev{MemDevice: stack.NewMemDevice(name, sectors*pcSector)}
+	return &pcRecDev{MemDevice: stacktest.NewMemDevice(name, sectors*pcSector)}
 }
 
 func (d *pcRecDev) record(s string) {
@@ -104,7 +106,7 @@ type pcTarget struct {
 // "<dev> <offset>".
 func newPC(t testing.TB, dev stack.BlockDevice, extra string) pcTarget {
 	t.Helper()
-	tg, err := stack.Powercut.New(pcCtor(dev.Size()/pcSector, dev), stack.SplitArgs(stack.EscapeArg(dev.Name())+" 0 "+extra))
+	tg, err := powercut.Type.New(pcCtor(dev.Size()/pcSector, dev), stack.SplitArgs(stack.EscapeArg(dev.Name())+" 0 "+extra))
 	if err != nil {
 		t.Fatalf("powercut %q: %v", extra, err)
 	}
@@ -130,7 +132,7 @@ func (p pcTarget) write(b []byte, off int64) {
 
 // settle waits until the destager is idle: what it wrote back is on the
 // device.
-func (p pcTarget) settle() { stack.PowercutSettle(p.Target) }
+func (p pcTarget) settle() { powercut.Settle(p.Target) }
 
 func (p pcTarget) fua(b []byte, off int64) {
 	p.t.Helper()
@@ -539,7 +541,7 @@ func TestPowercutDiscardAndZeroes(t *testing.T) {
 // TestPowercutTable: constructor errors, and the table form, which builds
 // the same target again (device names escaped).
 func TestPowercutTable(t *testing.T) {
-	dev := stack.NewMemDevice("/dev/my disk", 1024*pcSector)
+	dev := stacktest.NewMemDevice("/dev/my disk", 1024*pcSector)
 	for _, c := range []struct{ args, err string }{
 		{"", "Invalid argument count"},
 		{`/dev/my\ disk`, "Invalid argument count"},
@@ -554,7 +556,7 @@ func TestPowercutTable(t *testing.T) {
 		{`/dev/my\ disk 0 2 cache_sectors 4294967296`, "Invalid cache_sectors"},
 		{`/dev/my\ disk 0 2 cache_sectors 1 x`, "Too many arguments"},
 	} {
-		_, err := stack.Powercut.New(pcCtor(1024, dev), stack.SplitArgs(c.args))
+		_, err := powercut.Type.New(pcCtor(1024, dev), stack.SplitArgs(c.args))
 		if err == nil || !strings.Contains(err.Error(), c.err) || !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("%q: %v, want %q (EINVAL)", c.args, err, c.err)
 		}
@@ -566,7 +568,7 @@ func TestPowercutTable(t *testing.T) {
 		`/dev/my\ disk 0 2 cache_sectors 0`:     `/dev/my\ disk 0 2 cache_sectors 0`,
 		`/dev/my\ disk 0 2 cache_sectors 65536`: `/dev/my\ disk 0 2 cache_sectors 65536`,
 	} {
-		tg, err := stack.Powercut.New(pcCtor(1024, dev), stack.SplitArgs(args))
+		tg, err := powercut.Type.New(pcCtor(1024, dev), stack.SplitArgs(args))
 		if err != nil {
 			t.Errorf("%q: %v", args, err)
 			continue
@@ -575,7 +577,7 @@ func TestPowercutTable(t *testing.T) {
 		if got != table {
 			t.Errorf("%q: table %q, want %q", args, got, table)
 		}
-		again, err := stack.Powercut.New(pcCtor(1024, dev), stack.SplitArgs(got))
+		again, err := powercut.Type.New(pcCtor(1024, dev), stack.SplitArgs(got))
 		if err != nil || again.Status(stack.StatusTable) != got {
 			t.Errorf("table %q does not build the same target again: %v", got, err)
 		}
@@ -908,7 +910,7 @@ func TestPowercutUnderMultipath(t *testing.T) {
 	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(stack.Linear, stack.Multipath, stack.Powercut, delay.Type)
+	reg, err := stack.NewRegistry(stack.Linear, stack.Multipath, powercut.Type, delay.Type)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1004,7 +1006,7 @@ func TestPowercutAllocs(t *testing.T) {
 	if pcRaceBuild() {
 		t.Skip("sync.Pool drops items under -race")
 	}
-	dev := stack.NewMemDevice("mem", 2048*pcSector)
+	dev := stacktest.NewMemDevice("mem", 2048*pcSector)
 	pc := newPC(t, dev, "")
 	ctx := context.Background()
 	b := fill('a', 4096)
@@ -1047,8 +1049,8 @@ func FuzzPowercut(f *testing.F) {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, params, msg string) {
-		dev := stack.NewMemDevice("mem", 64*pcSector)
-		tg, err := stack.Powercut.New(pcCtor(32, dev), stack.SplitArgs("mem "+params))
+		dev := stacktest.NewMemDevice("mem", 64*pcSector)
+		tg, err := powercut.Type.New(pcCtor(32, dev), stack.SplitArgs("mem "+params))
 		if err != nil {
 			if !errors.Is(err, syscall.EINVAL) || err.Error() == "" {
 				t.Fatalf("%q: %v, want EINVAL with a reason", params, err)
@@ -1057,7 +1059,7 @@ func FuzzPowercut(f *testing.F) {
 		}
 		defer tg.Close()
 		table := tg.Status(stack.StatusTable)
-		again, err := stack.Powercut.New(pcCtor(32, dev), stack.SplitArgs(table))
+		again, err := powercut.Type.New(pcCtor(32, dev), stack.SplitArgs(table))
 		if err != nil || again.Status(stack.StatusTable) != table {
 			t.Fatalf("%q: table %q does not build the same target: %v", params, table, err)
 		}
@@ -1082,8 +1084,8 @@ func FuzzPowercut(f *testing.F) {
 // pcBenchTarget is a linear or powercut target (name) over the whole of a
 // memory device of size bytes, closed when b ends.
 func pcBenchTarget(b *testing.B, name string, size int64) stack.Target {
-	dev := stack.NewMemDevice("mem", size)
-	tg, err := map[string]*stack.TargetType{"linear": stack.Linear, "powercut": stack.Powercut}[name].New(
+	dev := stacktest.NewMemDevice("mem", size)
+	tg, err := map[string]*stack.TargetType{"linear": stack.Linear, "powercut": powercut.Type}[name].New(
 		pcCtor(dev.Size()/pcSector, dev), []string{"mem", "0"})
 	if err != nil {
 		b.Fatal(err)
@@ -1121,7 +1123,7 @@ func BenchmarkPowercutWrite(b *testing.B) {
 // pcFaultDev is a memory device whose writes fail while failWrites is set
 // and whose reads first run onRead, if set.
 type pcFaultDev struct {
-	*stack.MemDevice
+	*stacktest.MemDevice
 	failWrites atomic.Bool
 	onRead     func()
 }
@@ -1146,7 +1148,7 @@ func (d *pcFaultDev) ReadAt(ctx context.Context, p []byte, off int64) (int, erro
 // first write that needs room after it, the write that set it to work
 // having gone on.
 func TestPowercutDeviceErrors(t *testing.T) {
-	dev := &pcFaultDev{MemDevice: stack.NewMemDevice("mem", 64*pcSector)}
+	dev := &pcFaultDev{MemDevice: stacktest.NewMemDevice("mem", 64*pcSector)}
 	pc := newPC(t, dev, "2 cache_sectors 16")
 	ctx := context.Background()
 	pc.write(fill('a', 8*pcSector), 0)
@@ -1192,7 +1194,7 @@ func TestPowercutDeviceErrors(t *testing.T) {
 // change what the cache holds tries again, and after three tries holds
 // write-backs off; it returns the newest data either way.
 func TestPowercutReadRetries(t *testing.T) {
-	dev := &pcFaultDev{MemDevice: stack.NewMemDevice("mem", 64*pcSector)}
+	dev := &pcFaultDev{MemDevice: stacktest.NewMemDevice("mem", 64*pcSector)}
 	pc := newPC(t, dev, "")
 	reads := 0
 	dev.onRead = func() {
@@ -1299,7 +1301,7 @@ func pcLogStack(t *testing.T, tables ...[2]string) (m *stack.Manager, img, logIm
 			t.Fatal(err)
 		}
 	}
-	reg, err := stack.NewRegistry(stack.LogWrites, stack.Powercut)
+	reg, err := stack.NewRegistry(stack.LogWrites, powercut.Type)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1445,19 +1447,19 @@ func TestPowercutMemory(t *testing.T) {
 		c.Memory = func(n int64) { held += n }
 		return c
 	}
-	dev := stack.NewMemDevice("mem", 64*pcSector)
-	a, err := stack.Powercut.New(ctor(64, dev), []string{"mem", "0"})
+	dev := stacktest.NewMemDevice("mem", 64*pcSector)
+	a, err := powercut.Type.New(ctor(64, dev), []string{"mem", "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := stack.Powercut.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors 2048"))
+	b, err := powercut.Type.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors 2048"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := int64(2 * (32<<20 + 1<<20)); held != want {
 		t.Errorf("a 32 MiB and a 1 MiB cache account %d bytes, want %d (twice the bounds)", held, want)
 	}
-	if _, err := stack.Powercut.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors x")); err == nil {
+	if _, err := powercut.Type.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors x")); err == nil {
 		t.Fatal("a bad table built")
 	}
 	a.Close()
@@ -1465,7 +1467,7 @@ func TestPowercutMemory(t *testing.T) {
 	if held != 0 {
 		t.Errorf("after Close (and a constructor that failed) %d bytes are still accounted", held)
 	}
-	c, err := stack.Powercut.New(pcCtor(64, dev), []string{"mem", "0"})
+	c, err := powercut.Type.New(pcCtor(64, dev), []string{"mem", "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1476,7 +1478,7 @@ func TestPowercutMemory(t *testing.T) {
 	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(stack.Powercut)
+	reg, err := stack.NewRegistry(powercut.Type)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1538,7 +1540,7 @@ func (w *pcWaiter) Waiting() { w.n.Add(1) }
 
 // pcGateDev is a memory device that can hold one write until released.
 type pcGateDev struct {
-	*stack.MemDevice
+	*stacktest.MemDevice
 	hold    atomic.Bool
 	held    chan struct{}
 	release chan struct{}
@@ -1557,7 +1559,7 @@ func (d *pcGateDev) WriteAt(ctx context.Context, p []byte, off int64) (int, erro
 // for such a write-back, tell their transport that they wait; cached
 // writes, and a flush of a few entries, do not.
 func TestPowercutWaiting(t *testing.T) {
-	dev := &pcGateDev{MemDevice: stack.NewMemDevice("mem", 64<<20), held: make(chan struct{}), release: make(chan struct{})}
+	dev := &pcGateDev{MemDevice: stacktest.NewMemDevice("mem", 64<<20), held: make(chan struct{}), release: make(chan struct{})}
 	pc := newPC(t, dev, "")
 	var w pcWaiter
 	ctx := stack.WithWaiter(context.Background(), &w)
@@ -1624,7 +1626,7 @@ func TestPowercutWaiting(t *testing.T) {
 // cached entries), and one that overlaps a cached entry waits for room in the
 // cache; at the end a flush leaves every write on the device.
 func TestPowercutWriteAround(t *testing.T) {
-	dev := &pcGateDev{MemDevice: stack.NewMemDevice("mem", 4<<20), held: make(chan struct{}), release: make(chan struct{})}
+	dev := &pcGateDev{MemDevice: stacktest.NewMemDevice("mem", 4<<20), held: make(chan struct{}), release: make(chan struct{})}
 	pc := newPC(t, dev, "2 cache_sectors 256")
 	want := make([]byte, 4<<20)
 	write := func(b []byte, off int64) {
