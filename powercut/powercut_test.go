@@ -22,7 +22,7 @@ import (
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/logwrites"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
@@ -1301,7 +1301,7 @@ func pcLogStack(t *testing.T, tables ...[2]string) (m *stack.Manager, img, logIm
 			t.Fatal(err)
 		}
 	}
-	reg, err := stack.NewRegistry(stack.LogWrites, powercut.Type)
+	reg, err := stack.NewRegistry(logwrites.Type, powercut.Type)
 	if err != nil {
 		t.Fatal(err)
 	}

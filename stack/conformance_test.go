@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/dmfuse/dmfuse/delay"
+	"github.com/dmfuse/dmfuse/logwrites"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
@@ -11,7 +12,7 @@ import (
 // defaultRegistry holds the target types the dmfuse command registers.
 func defaultRegistry(t testing.TB) *stack.Registry {
 	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites)
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, logwrites.Type)
 	if err != nil {
 		t.Fatal(err)
 	}

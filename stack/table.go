@@ -223,7 +223,7 @@ func targetLimits(tg Target, devs []BlockDevice) (lim Limits) {
 	_, owner := tg.(DiscardOwner)
 	_, lim.WriteZeroes = tg.(ZeroWriter)
 	for _, d := range devs {
-		dl := limitsOf(d)
+		dl := LimitsOf(d)
 		lim.Discard = lim.Discard && (owner || dl.Discard)
 		lim.WriteZeroes = lim.WriteZeroes && dl.WriteZeroes
 	}

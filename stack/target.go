@@ -196,8 +196,10 @@ type Limiter interface {
 	Limits() Limits
 }
 
-// limitsOf returns the limits of dev.
-func limitsOf(dev BlockDevice) Limits {
+// LimitsOf returns the limits of dev: its Limits if it is a Limiter, else
+// both discards and write-zeroes, as for a device without the method. A
+// target that decides per device whether to pass a discard on reads it here.
+func LimitsOf(dev BlockDevice) Limits {
 	if l, ok := dev.(Limiter); ok {
 		return l.Limits()
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/logwrites"
 	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
@@ -72,7 +73,7 @@ func parsePoll(v string) (time.Duration, error) {
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
 	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, powercut.Type)
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, logwrites.Type, powercut.Type)
 	if err != nil {
 		panic(err)
 	}

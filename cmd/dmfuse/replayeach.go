@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/logwrites"
 )
 
 // eachOptions are the options of --each: replay the log once onto the

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/logwrites"
 )
 
 // ReplayLogCmd is `dmfuse replay-log`: xfstests' src/log-writes/replay-log

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/logwrites"
 )
 
 // tlEntry is one entry of a test log; writes carry nr units of fill.
