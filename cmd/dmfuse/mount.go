@@ -17,10 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
-	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
-	"github.com/dmfuse/dmfuse/logwrites"
-	"github.com/dmfuse/dmfuse/powercut"
+	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 )
@@ -72,8 +70,7 @@ func parsePoll(v string) (time.Duration, error) {
 
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
-	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, logwrites.Type, powercut.Type)
+	r, err := stack.NewRegistry(targets.All()...)
 	if err != nil {
 		panic(err)
 	}
