@@ -1,14 +1,18 @@
 // Package logwrites is dmfuse's log-writes target (Type, after the
 // kernel's drivers/md/dm-log-writes.c, target version 1.1.0), the on-disk
-// format of its log, and a streaming reader of that format, which `dmfuse replay-log`
-// reads the log with, as xfstests' src/log-writes tools do.
+// format of its log, a streaming reader of that format, and the replay-log engine
+// (Replay) that `dmfuse replay-log` runs after reading its command line, as
+// xfstests' src/log-writes/replay-log reads the log.
 //
 //   - target.go: the target: every write to the data device is passed on
 //     and also recorded, with its data, on a log device, together with
 //     flushes, FUA writes, discards and named marks;
 //   - format.go: the super block and the entry headers;
 //   - reader.go: a streaming reader that walks a log of any size with
-//     bounded buffers.
+//     bounded buffers;
+//   - replay.go, replayeach.go: replay-log: find, count, replay and check
+//     the entries of a log onto a device, with replay-log's output and
+//     exit statuses, and dmfuse's --each.
 //
 // # Format
 //
