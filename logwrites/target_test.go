@@ -372,64 +372,23 @@ func TestLogWritesLogC(t *testing.T) {
 	}
 }
 
-// lwGate is a data device whose writes and flushes wait until the test
-// releases them, so that a test decides the order in which they complete.
-type lwGate struct {
-	*stacktest.MemDevice
-	mu      sync.Mutex
-	gates   map[int64]chan struct{} // by byte offset; flushes use -1
-	arrived chan int64
-}
-
-func newLWGate(size int64) *lwGate {
-	return &lwGate{MemDevice: stacktest.NewMemDevice("data", size), gates: map[int64]chan struct{}{}, arrived: make(chan int64, 64)}
-}
-
-func (g *lwGate) gate(k int64) chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	ch, ok := g.gates[k]
-	if !ok {
-		ch = make(chan struct{})
-		g.gates[k] = ch
-	}
-	return ch
-}
-
-func (g *lwGate) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	ch := g.gate(off)
-	g.arrived <- off
-	<-ch
-	return g.MemDevice.WriteAt(ctx, p, off)
-}
-
-func (g *lwGate) Flush(ctx context.Context) error {
-	ch := g.gate(-1)
-	g.arrived <- -1
-	<-ch
-	return g.MemDevice.Flush(ctx)
-}
-
-// release lets the I/O at k complete and forgets its gate.
-func (g *lwGate) release(k int64) {
-	ch := g.gate(k)
-	g.mu.Lock()
-	delete(g.gates, k)
-	g.mu.Unlock()
-	close(ch)
-}
-
-// lwOps runs I/O on a log-writes target over a gate in goroutines.
+// lwOps runs I/O on a log-writes target in goroutines, over a data device
+// that holds every write and flush until the test releases it, so that the
+// test decides the order in which they complete.
 type lwOps struct {
 	t    *testing.T
 	l    *logWrites
-	g    *lwGate
+	gate *stacktest.Fault
+	held map[int64]*stacktest.Held // by byte offset; the flush is -1
 	done map[int64]chan error
 }
 
 func newLWOps(t *testing.T) *lwOps {
-	g := newLWGate(1 << 20)
-	return &lwOps{t: t, l: newTestLogWrites(t, g, stacktest.NewMemDevice("log", 1<<20)), g: g, done: map[int64]chan error{}}
+	data, _ := stacktest.NewMemFaultDevice("data", 1<<20)
+	gate := data.Inject(stacktest.Rule{Ops: stacktest.OpWrite | stacktest.OpFlush, Hold: true})
+	t.Cleanup(gate.Remove)
+	return &lwOps{t: t, l: newTestLogWrites(t, data, stacktest.NewMemDevice("log", 1<<20)), gate: gate,
+		held: map[int64]*stacktest.Held{}, done: map[int64]chan error{}}
 }
 
 // submit starts a write of one 4096-byte block (blk) or, for blk < 0, a
@@ -452,9 +411,15 @@ func (o *lwOps) submit(blk int64, fua bool) {
 		}()
 	}
 	o.done[key] = ch
-	if got := <-o.g.arrived; got != key {
+	h := <-o.gate.Held()
+	got := h.Off
+	if h.Op == stacktest.OpFlush {
+		got = -1
+	}
+	if got != key {
 		o.t.Fatalf("I/O %d arrived while waiting for %d", got, key)
 	}
+	o.held[key] = h
 }
 
 // complete releases the I/O of blk (-1: the flush) and waits for it.
@@ -464,7 +429,8 @@ func (o *lwOps) complete(blk int64) {
 	if blk < 0 {
 		key = -1
 	}
-	o.g.release(key)
+	o.held[key].Release()
+	delete(o.held, key)
 	if err := <-o.done[key]; err != nil {
 		o.t.Fatal(err)
 	}
@@ -593,16 +559,13 @@ func TestLogWritesOrdering(t *testing.T) {
 	})
 }
 
-// lwFailDev fails every write.
-type lwFailDev struct{ *stacktest.MemDevice }
-
-func (lwFailDev) WriteAt(context.Context, []byte, int64) (int, error) { return 0, syscall.EIO }
-
 // TestLogWritesFailedWriteLogged: the target does not look at the result of
 // a write; one that failed on the data device is logged all the same.
 func TestLogWritesFailedWriteLogged(t *testing.T) {
 	logd := stacktest.NewMemDevice("log", 1<<20)
-	l := newTestLogWrites(t, lwFailDev{stacktest.NewMemDevice("data", 1<<20)}, logd)
+	data, _ := stacktest.NewMemFaultDevice("data", 1<<20)
+	data.Fail(stacktest.OpWrite, syscall.EIO)
+	l := newTestLogWrites(t, data, logd)
 	if _, err := l.WriteAt(lwCtx, make([]byte, 512), 16*512); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write to a failing device: %v, want EIO", err)
 	}

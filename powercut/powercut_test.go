@@ -20,32 +20,51 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/delay"
+	"github.com/dmfuse/dmfuse/logwrites"
 	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/logwrites"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
 const pcSector = stack.SectorSize
 
-// pcRecDev is a memory device that records, in order, every request that
-// reaches it: "w OFF LEN", "w+fua OFF LEN", "d OFF LEN", "z OFF LEN" (bytes)
-// and "flush".
+// pcRecDev is a memory device behind a stacktest.FaultDevice whose hook
+// records, in order, every request that reaches it: "w OFF LEN", "w+fua OFF
+// LEN", "d OFF LEN", "z OFF LEN" (bytes) and "flush".
 type pcRecDev struct {
-	*stacktest.MemDevice
+	*stacktest.FaultDevice
+	mem *stacktest.MemDevice
 	mu  sync.Mutex
 	log []string
 }
 
 func newPCRecDev(name string, sectors int64) *pcRecDev {
-	return &pcRecDev{MemDevice: stacktest.NewMemDevice(name, sectors*pcSector)}
+	f, mem := stacktest.NewMemFaultDevice(name, sectors*pcSector)
+	d := &pcRecDev{FaultDevice: f, mem: mem}
+	f.Inject(stacktest.Rule{Ops: stacktest.OpAll &^ stacktest.OpRead, Hook: func(ctx context.Context, op stacktest.Op, off, n int64) {
+		var s string
+		switch op {
+		case stacktest.OpWrite:
+			s = fmt.Sprintf("w %d %d", off, n)
+			if stack.FUA(ctx) {
+				s = fmt.Sprintf("w+fua %d %d", off, n)
+			}
+		case stacktest.OpDiscard:
+			s = fmt.Sprintf("d %d %d", off, n)
+		case stacktest.OpWriteZeroes:
+			s = fmt.Sprintf("z %d %d", off, n)
+		case stacktest.OpFlush:
+			s = "flush"
+		}
+		d.mu.Lock()
+		d.log = append(d.log, s)
+		d.mu.Unlock()
+	}})
+	return d
 }
 
-func (d *pcRecDev) record(s string) {
-	d.mu.Lock()
-	d.log = append(d.log, s)
-	d.mu.Unlock()
-}
+// Bytes returns the contents of the memory device.
+func (d *pcRecDev) Bytes() []byte { return d.mem.Bytes() }
 
 // take returns the log and empties it.
 func (d *pcRecDev) take() []string {
@@ -54,30 +73,6 @@ func (d *pcRecDev) take() []string {
 	l := d.log
 	d.log = nil
 	return l
-}
-
-func (d *pcRecDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	op := "w"
-	if stack.FUA(ctx) {
-		op = "w+fua"
-	}
-	d.record(fmt.Sprintf("%s %d %d", op, off, len(p)))
-	return d.MemDevice.WriteAt(ctx, p, off)
-}
-
-func (d *pcRecDev) Flush(ctx context.Context) error {
-	d.record("flush")
-	return d.MemDevice.Flush(ctx)
-}
-
-func (d *pcRecDev) Discard(ctx context.Context, off, n int64) error {
-	d.record(fmt.Sprintf("d %d %d", off, n))
-	return d.MemDevice.Discard(ctx, off, n)
-}
-
-func (d *pcRecDev) WriteZeroes(ctx context.Context, off, n int64) error {
-	d.record(fmt.Sprintf("z %d %d", off, n))
-	return d.MemDevice.WriteZeroes(ctx, off, n)
 }
 
 // pcCtor returns a Ctor for a segment of length sectors whose Open resolves
@@ -1120,40 +1115,18 @@ func BenchmarkPowercutWrite(b *testing.B) {
 	}
 }
 
-// pcFaultDev is a memory device whose writes fail while failWrites is set
-// and whose reads first run onRead, if set.
-type pcFaultDev struct {
-	*stacktest.MemDevice
-	failWrites atomic.Bool
-	onRead     func()
-}
-
-func (d *pcFaultDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if d.failWrites.Load() {
-		return 0, syscall.EIO
-	}
-	return d.MemDevice.WriteAt(ctx, p, off)
-}
-
-func (d *pcFaultDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if d.onRead != nil {
-		d.onRead()
-	}
-	return d.MemDevice.ReadAt(ctx, p, off)
-}
-
 // TestPowercutDeviceErrors: a write-back that fails keeps the entries it did
 // not write in the cache (still read back, written by the next flush); a
 // flush reports its own, and a failed write-back of the destager goes to the
 // first write that needs room after it, the write that set it to work
 // having gone on.
 func TestPowercutDeviceErrors(t *testing.T) {
-	dev := &pcFaultDev{MemDevice: stacktest.NewMemDevice("mem", 64*pcSector)}
+	dev, mem := stacktest.NewMemFaultDevice("mem", 64*pcSector)
 	pc := newPC(t, dev, "2 cache_sectors 16")
 	ctx := context.Background()
 	pc.write(fill('a', 8*pcSector), 0)
 	pc.write(fill('b', 8*pcSector), 8*pcSector)
-	dev.failWrites.Store(true)
+	fail := dev.Fail(stacktest.OpWrite, syscall.EIO)
 	if err := pc.Target.(stack.Flusher).Flush(ctx); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("flush with a failing device: %v, want EIO", err)
 	}
@@ -1170,19 +1143,19 @@ func TestPowercutDeviceErrors(t *testing.T) {
 	if got := pc.read(0, 18*pcSector); !bytes.Equal(got, append(append(fill('a', 4096), fill('b', 4096)...), append(fill('c', 512), fill('d', 512)...)...)) {
 		t.Fatal("cached data does not read back after failed write-backs")
 	}
-	dev.failWrites.Store(false)
+	fail.Remove()
 	pc.flush()
-	if !bytes.Equal(dev.Bytes()[:18*pcSector], pc.read(0, 18*pcSector)) || pc.msg("dirty") != "no cached writes" {
+	if !bytes.Equal(mem.Bytes()[:18*pcSector], pc.read(0, 18*pcSector)) || pc.msg("dirty") != "no cached writes" {
 		t.Fatal("the flush after the device recovered did not write the cache back")
 	}
 
 	// A failed write-back of the destager that a flush has made good since
 	// is not reported.
-	dev.failWrites.Store(true)
+	fail = dev.Fail(stacktest.OpWrite, syscall.EIO)
 	pc.write(fill('e', 16*pcSector), 0)
 	pc.write(fill('e', pcSector), 16*pcSector)
 	pc.settle()
-	dev.failWrites.Store(false)
+	fail.Remove()
 	pc.flush()
 	pc.write(fill('f', 16*pcSector), 0)
 	if _, err := pc.WriteAt(ctx, fill('g', pcSector), 16*pcSector); err != nil {
@@ -1194,10 +1167,10 @@ func TestPowercutDeviceErrors(t *testing.T) {
 // change what the cache holds tries again, and after three tries holds
 // write-backs off; it returns the newest data either way.
 func TestPowercutReadRetries(t *testing.T) {
-	dev := &pcFaultDev{MemDevice: stacktest.NewMemDevice("mem", 64*pcSector)}
+	dev, _ := stacktest.NewMemFaultDevice("mem", 64*pcSector)
 	pc := newPC(t, dev, "")
 	reads := 0
-	dev.onRead = func() {
+	dev.Inject(stacktest.Rule{Ops: stacktest.OpRead, Hook: func(context.Context, stacktest.Op, int64, int64) {
 		// The first three device reads each see a write-back happen
 		// under them; later ones (the read then holds write-backs off)
 		// must not flush.
@@ -1206,7 +1179,7 @@ func TestPowercutReadRetries(t *testing.T) {
 			pc.flush()
 			pc.write(fill('n', pcSector), 10*pcSector)
 		}
-	}
+	}})
 	pc.write(fill('x', pcSector), 0)
 	got := pc.read(0, 12*pcSector)
 	want := bytes.Join([][]byte{fill('x', pcSector), fill('1', pcSector), fill('2', pcSector), fill('3', pcSector),
@@ -1538,28 +1511,12 @@ type pcWaiter struct{ n atomic.Int32 }
 
 func (w *pcWaiter) Waiting() { w.n.Add(1) }
 
-// pcGateDev is a memory device that can hold one write until released.
-type pcGateDev struct {
-	*stacktest.MemDevice
-	hold    atomic.Bool
-	held    chan struct{}
-	release chan struct{}
-}
-
-func (d *pcGateDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if d.hold.CompareAndSwap(true, false) {
-		d.held <- struct{}{}
-		<-d.release
-	}
-	return d.MemDevice.WriteAt(ctx, p, off)
-}
-
 // TestPowercutWaiting: the requests that write back a lot (a flush of more
 // than 1024 entries, the write that destages 4 MiB), and those that wait
 // for such a write-back, tell their transport that they wait; cached
 // writes, and a flush of a few entries, do not.
 func TestPowercutWaiting(t *testing.T) {
-	dev := &pcGateDev{MemDevice: stacktest.NewMemDevice("mem", 64<<20), held: make(chan struct{}), release: make(chan struct{})}
+	dev, _ := stacktest.NewMemFaultDevice("mem", 64<<20)
 	pc := newPC(t, dev, "")
 	var w pcWaiter
 	ctx := stack.WithWaiter(context.Background(), &w)
@@ -1593,21 +1550,21 @@ func TestPowercutWaiting(t *testing.T) {
 
 	// A FUA write that finds a long write-back under way.
 	writes(context.Background(), 1100)
-	dev.hold.Store(true)
+	gate := dev.Inject(stacktest.Rule{Ops: stacktest.OpWrite, Hold: true, Times: 1})
 	errs := make(chan error, 2)
 	go func() { errs <- flush(context.Background()) }()
-	<-dev.held
+	held := <-gate.Held()
 	go func() {
 		_, err := pc.WriteAt(stack.WithFUA(ctx), fill(2, 4096), 0)
 		errs <- err
 	}()
 	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			close(dev.release)
+			held.Release()
 			t.Fatal("a FUA write behind a flush of 1100 entries did not call Waiting")
 		}
 	}
-	close(dev.release)
+	held.Release()
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
@@ -1626,7 +1583,7 @@ func TestPowercutWaiting(t *testing.T) {
 // cached entries), and one that overlaps a cached entry waits for room in the
 // cache; at the end a flush leaves every write on the device.
 func TestPowercutWriteAround(t *testing.T) {
-	dev := &pcGateDev{MemDevice: stacktest.NewMemDevice("mem", 4<<20), held: make(chan struct{}), release: make(chan struct{})}
+	dev, mem := stacktest.NewMemFaultDevice("mem", 4<<20)
 	pc := newPC(t, dev, "2 cache_sectors 256")
 	want := make([]byte, 4<<20)
 	write := func(b []byte, off int64) {
@@ -1637,12 +1594,12 @@ func TestPowercutWriteAround(t *testing.T) {
 	for i := range 32 {
 		write(fill(byte(i+1), 4096), int64(i)*4096)
 	}
-	dev.hold.Store(true)
+	gate := dev.Inject(stacktest.Rule{Ops: stacktest.OpWrite, Hold: true, Times: 1})
 	var wg sync.WaitGroup
 	b := fill(0xd0, 4096)
 	copy(want[128<<10:], b)
 	wg.Go(func() { pc.WriteAt(context.Background(), b, 128<<10) }) // crosses the bound: destages
-	<-dev.held
+	held := <-gate.Held()
 	for i := range 3 {
 		write(fill(byte(0x40+i), 4096), 1<<20+int64(i)*4096)
 	}
@@ -1651,18 +1608,18 @@ func TestPowercutWriteAround(t *testing.T) {
 	wg.Go(func() { pc.WriteAt(context.Background(), small, 2<<20) }) // past 9/8: waits for room
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(pc.Status(stack.StatusInfo), "cached 37 289 "); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			close(dev.release)
+			held.Release()
 			t.Fatalf("the cache did not reach 289 sectors: %s", pc.Status(stack.StatusInfo))
 		}
 	}
 	around := fill(0xa0, 4096)
 	write(around, 3<<20)
-	if got := dev.Bytes()[3<<20 : 3<<20+4096]; !bytes.Equal(got, around) {
-		close(dev.release)
+	if got := mem.Bytes()[3<<20 : 3<<20+4096]; !bytes.Equal(got, around) {
+		held.Release()
 		t.Fatal("a write that overlaps no cached entry, past 9/8 of the bound, did not reach the device at once")
 	}
 	if st := pc.Status(stack.StatusInfo); !strings.Contains(st, "cached 37 289 ") || !strings.Contains(st, " around 1 ") {
-		close(dev.release)
+		held.Release()
 		t.Fatalf("status %q after a write around the cache: want it not cached, and counted", st)
 	}
 	over := fill(0xb0, 4096)
@@ -1671,15 +1628,15 @@ func TestPowercutWriteAround(t *testing.T) {
 	wg.Go(func() { pc.WriteAt(stack.WithWaiter(context.Background(), &w), over, 4096) }) // overlaps a cached entry: waits
 	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			close(dev.release)
+			held.Release()
 			t.Fatal("a write waiting for room did not tell its transport (stack.Waiting)")
 		}
 	}
-	close(dev.release)
+	held.Release()
 	wg.Wait()
 	pc.flush()
-	if !bytes.Equal(dev.Bytes(), want) {
-		t.Fatalf("after the flush the device differs from the writes at byte %d", firstDiffPC(dev.Bytes(), want))
+	if !bytes.Equal(mem.Bytes(), want) {
+		t.Fatalf("after the flush the device differs from the writes at byte %d", firstDiffPC(mem.Bytes(), want))
 	}
 	if st := pc.Status(stack.StatusInfo); !strings.Contains(st, " around 1 ") {
 		t.Fatalf("status %q: want exactly the one write around the cache", st)
