@@ -3,7 +3,7 @@ package selectors
 import (
 	"strconv"
 
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
 // service-time (dm-ps-service-time.c, version 0.3.0).

@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
 // Dust is the dust target type (dm-dust 1.0.0): a linear mapping that emulates

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 	"github.com/dmfuse/dmfuse/selectors"
-	"github.com/dmfuse/dmfuse/stack/dmarg"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
