@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/hints"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -460,7 +461,7 @@ func TestLookupErrorOnce(t *testing.T) {
 	}
 }
 
-// hintCounter counts stack.Waiting calls.
+// hintCounter counts hints.Waiting calls.
 type hintCounter struct{ n atomic.Int32 }
 
 func (h *hintCounter) Waiting() { h.n.Add(1) }
@@ -471,7 +472,7 @@ func TestWaitingHint(t *testing.T) {
 	r := newRig(t)
 	tg := r.target("8:16 0 10 8:32 0 0")
 	h := &hintCounter{}
-	ctx := stack.WithWaiter(context.Background(), h)
+	ctx := hints.WithWaiter(context.Background(), h)
 	w := r.write(tg, ctx)
 	if err := w.result(t); err != nil {
 		t.Fatal(err)
@@ -530,7 +531,7 @@ func TestContinuingHint(t *testing.T) {
 	r.clock.lead = 2 * ms
 	tg := r.target("8:16 0 10 8:32 0 1") // reads 10 ms, writes 1 ms (no longer than the lead)
 	h := &continueRecorder{}
-	ctx := stack.WithWaiter(context.Background(), h)
+	ctx := hints.WithWaiter(context.Background(), h)
 	rd := r.read(tg, ctx)
 	waitStatus(t, tg, "1 0 0")
 	r.clock.settle()
@@ -549,7 +550,7 @@ func TestContinuingHint(t *testing.T) {
 		t.Fatal(err)
 	}
 	h2 := &continueRecorder{}
-	wr := r.write(tg, stack.WithWaiter(context.Background(), h2))
+	wr := r.write(tg, hints.WithWaiter(context.Background(), h2))
 	waitStatus(t, tg, "0 1 0")
 	h2.waitFor(t, 2)
 	stillRunning(t, wr, "a write shorter than the lead")

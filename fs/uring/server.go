@@ -15,6 +15,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/dmfuse/dmfuse/internal/hints"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/clock"
 )
@@ -95,7 +96,7 @@ type Config struct {
 	// it submits what it has whenever it runs dry.
 	SubmitBatch int
 	// ExpectMargin: when a queue's only request says when it will
-	// complete (stack.Expecting), the queue's thread sleeps until this long
+	// complete (hints.Expecting), the queue's thread sleeps until this long
 	// before that time, then spins for the reply, so that it is awake to
 	// commit it at once and the application's CPU is awake to take it
 	// (DefaultExpectMargin if 0; negative: it sleeps until woken).
@@ -379,7 +380,7 @@ func (s *Server) Wait() {
 // Stats counts a Server's hand-offs: a queue going to another thread.
 type Stats struct {
 	// Waiting counts hand-offs because a request said it waits
-	// (stack.Waiting); Watchdog those because a request held a queue's
+	// (hints.Waiting); Watchdog those because a request held a queue's
 	// thread for longer than the watchdog allows.
 	Waiting, Watchdog uint64
 	// Threads is the number of threads the queues have (leaders and
@@ -412,7 +413,7 @@ func (s *Server) Stats() Stats {
 // Context returns the context for the device I/O of the ring request whose
 // cancel channel (the one the transport handed to the RawFileSystem) is
 // cancel: Config.IOContext, or FUAContext for a WRITE with O_DSYNC, carrying
-// the request's stack.Waiter. It returns nil for a channel of no ring
+// the request's hints.Waiter. It returns nil for a channel of no ring
 // request (one from go-fuse's /dev/fuse loop).
 func (s *Server) Context(cancel <-chan struct{}) context.Context {
 	e := (*s.byCancel.Load())[cancel]
@@ -574,8 +575,8 @@ func (s *Server) newEntries(q *queue, mem []byte) []entry {
 		if s.cfg.Interruptible {
 			io, fua = &interruptible{io, e}, &interruptible{fua, e}
 		}
-		e.ioCtx = stack.WithWaiter(io, e)
-		e.fuaCtx = stack.WithWaiter(fua, e)
+		e.ioCtx = hints.WithWaiter(io, e)
+		e.fuaCtx = hints.WithWaiter(fua, e)
 	}
 	return ents
 }
