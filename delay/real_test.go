@@ -19,8 +19,8 @@ func TestRealClockWake(t *testing.T) {
 	c.Wake()
 	c.Wake()
 	c.Wait(Forever) // a Wake that came first ends the next Wait
-	c.Wait(c.Now() - 1)
-	c.Wait(c.Now() + 100_000) // spins out
+	c.Wait(c.Nanotime() - 1)
+	c.Wait(c.Nanotime() + 100_000) // spins out
 	done := make(chan struct{})
 	go func() { c.Wait(Forever); close(done) }()
 	c.Wake()

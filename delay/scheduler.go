@@ -165,7 +165,7 @@ func (s *Scheduler) loop() {
 			return
 		}
 		lead := s.lead()
-		now := s.clock.Now() + lead
+		now := s.clock.Nanotime() + lead
 		for len(s.heap) > 0 && s.heap[0].key <= now {
 			s.due = append(s.due, heap.Pop(&s.heap).(*queue))
 		}
@@ -186,7 +186,7 @@ func (s *Scheduler) loop() {
 			continue
 		}
 		s.mu.Unlock()
-		s.pass(s.clock.Now() + lead)
+		s.pass(s.clock.Nanotime() + lead)
 		s.mu.Lock()
 		for i, q := range s.due {
 			if s.dueMore[i] {
@@ -367,7 +367,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	w := waiterPool.Get().(*waiter)
 	w.sig.Store(0)
 	long := d > q.s.clock.Lead()
-	due := q.s.clock.Now() + d // presuspend rewrites w.deadline once queued
+	due := q.s.clock.Nanotime() + d // presuspend rewrites w.deadline once queued
 	w.deadline, w.delay = due, d
 	w.class, w.state = uint8(c), stateQueued
 	q.mu.seq++
@@ -393,7 +393,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 		// than the delay. Spin until released or due; a request that is
 		// due before the scheduler took it leaves the queue itself.
 		for w.sig.Load() == 0 {
-			if q.s.clock.Now() < due {
+			if q.s.clock.Nanotime() < due {
 				runtime.Gosched() // up to the whole delay: let others run
 				continue
 			}
@@ -452,7 +452,7 @@ func (q *queue) finish(w *waiter, reuse bool) {
 	if reuse {
 		waiterPool.Put(w)
 	}
-	for q.s.clock.Now() < deadline {
+	for q.s.clock.Nanotime() < deadline {
 	}
 }
 

@@ -3,6 +3,7 @@ package selectors
 import (
 	"strconv"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
@@ -28,7 +29,7 @@ const (
 func init() {
 	register(&Type{
 		Name: "service-time", Version: [3]int{0, 3, 0}, TableArgs: 2, InfoArgs: 2,
-		New: func(args []string, c Clock) (Selector, error) {
+		New: func(args []string, c clock.Clock) (Selector, error) {
 			s := &serviceTime{}
 			s.init()
 			return s, nil

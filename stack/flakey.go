@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // Flakey is the flakey target type (dm-flakey 1.5.0): a linear mapping that is
@@ -131,7 +131,7 @@ func newFlakey(c *Ctor, args []string) (Target, error) {
 
 	f.clock = c.Clock
 	if f.clock == nil {
-		f.clock = stats.SystemClock
+		f.clock = clock.System
 	}
 	f.t0 = f.clock.Nanotime()
 	if !f.hasSeed {

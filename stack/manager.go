@@ -12,7 +12,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // Major is the major number dmfuse devices report, as device-mapper's.
@@ -83,11 +83,11 @@ type Manager struct {
 
 // NewManager returns a manager that builds tables with reg. ctx lives as long
 // as the daemon.
-func NewManager(ctx context.Context, reg *Registry, clock Clock) *Manager {
-	if clock == nil {
-		clock = stats.SystemClock
+func NewManager(ctx context.Context, reg *Registry, c Clock) *Manager {
+	if c == nil {
+		c = clock.System
 	}
-	return &Manager{reg: reg, clock: clock, ctx: ctx, byName: map[string]*Device{}, byMinor: map[uint32]*Device{}, nextIno: 100}
+	return &Manager{reg: reg, clock: c, ctx: ctx, byName: map[string]*Device{}, byMinor: map[uint32]*Device{}, nextIno: 100}
 }
 
 // Registry returns the manager's target types.

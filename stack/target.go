@@ -7,7 +7,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stack/clock"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // SectorSize is the size of a device-mapper sector in bytes. Every start, length

@@ -49,7 +49,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/dmfuse/dmfuse/stack/clock"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // Op is the kind of one accounted I/O piece, as the bio-based device-mapper core sees it.
@@ -109,17 +109,6 @@ func (op Op) dir() int {
 	}
 	return 1
 }
-
-// Clock returns monotonic nanoseconds (clock.Clock).
-type Clock = clock.Clock
-
-type monoClock struct{ base time.Time }
-
-func (c monoClock) Nanotime() int64 { return int64(time.Since(c.base)) }
-
-// SystemClock is the monotonic clock used outside tests. It counts from the
-// start of the process.
-var SystemClock Clock = monoClock{base: time.Now()}
 
 // TickNs is the io_ticks resolution in nanoseconds: 1 ms, as a kernel with HZ=1000.
 const TickNs = int64(time.Millisecond)
@@ -199,7 +188,7 @@ type shard struct {
 // Disk is the set of counters of one mapped device. Its methods may be called
 // concurrently.
 type Disk struct {
-	clock  Clock
+	clock  clock.Clock
 	shift  uint // 64 - log2(len(shards))
 	shards []shard
 	// regions are the dm-stats regions (nil while there are none): the
@@ -229,10 +218,10 @@ func shardCount() int {
 	return n
 }
 
-// NewDisk returns zeroed counters that take time from c (SystemClock if nil).
-func NewDisk(c Clock) *Disk {
+// NewDisk returns zeroed counters that take time from c (clock.System if nil).
+func NewDisk(c clock.Clock) *Disk {
 	if c == nil {
-		c = SystemClock
+		c = clock.System
 	}
 	n := shardCount()
 	return &Disk{clock: c, shift: uint(64 - bits.TrailingZeros(uint(n))), shards: make([]shard, n)}

@@ -19,6 +19,7 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 )
@@ -102,7 +103,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	mgr := stack.NewManager(ctx, registry(), clock.System)
 	mgr.Memory = reserveMemory
 	stack.EnableDMStats(mgr)
 	defer mgr.RemoveAll()

@@ -19,8 +19,8 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 // The system instance: the daemon dmsetup starts by itself. It lives in a
@@ -278,7 +278,7 @@ func (c *DaemonCmd) Run() error {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	mgr := stack.NewManager(ctx, registry(), clock.System)
 	mgr.Memory = reserveMemory
 	stack.EnableDMStats(mgr)
 	defer mgr.RemoveAll()

@@ -11,8 +11,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/hints"
-	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
 // fakeRing plays the kernel's part of one queue in memory: the test sends
@@ -276,10 +276,10 @@ func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse
 }
 
 // newFakeServer starts a one-queue server of depth entries on a fake ring.
-func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *stacktest.ManualClock) {
+func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *clock.Manual) {
 	t.Helper()
 	cfg := Config{Depth: depth, PayloadSize: 8192, Poll: PollOff}
-	clk := &stacktest.ManualClock{}
+	clk := &clock.Manual{}
 	clk.Set(1)
 	cfg.Clock = clk
 	r := newFakeRing()

@@ -15,9 +15,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/hints"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/clock"
 )
 
 // Defaults.
@@ -152,13 +152,6 @@ type Server struct {
 	done     chan struct{}
 }
 
-// monotonic is the default clock: nanoseconds since the package started.
-type monotonic struct{}
-
-var epoch = time.Now()
-
-func (monotonic) Nanotime() int64 { return int64(time.Since(epoch)) + 1 }
-
 // Queues returns the number of queues the kernel wants: one per possible CPU.
 func Queues() int {
 	b, err := os.ReadFile("/sys/devices/system/cpu/possible")
@@ -260,7 +253,7 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 		}
 	}
 	if s.clock == nil {
-		s.clock = monotonic{}
+		s.clock = clock.System
 	}
 	s.dog = newWatchdog(s, int64(cfg.TakeoverAfter))
 	m := make(map[<-chan struct{}]*entry, len(rings)*cfg.Depth)

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -197,9 +198,9 @@ func newManager(t testing.TB, typ *stack.TargetType) *stack.Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &ManualClock{}
-	clock.Set(1e9)
-	m := stack.NewManager(context.Background(), reg, clock)
+	clk := &clock.Manual{}
+	clk.Set(1e9)
+	m := stack.NewManager(context.Background(), reg, clk)
 	t.Cleanup(m.RemoveAll)
 	return m
 }
