@@ -52,20 +52,38 @@ import (
 	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
-// Op is the kind of one accounted I/O piece, as the bio-based device-mapper core sees it.
+// Op is the kind of one I/O: what a request asks of a device, a target or a
+// path, and what its accounting counts. It is the one operation enum of
+// dmfuse (stack.Op names it too).
 type Op uint8
 
 const (
-	// Read is a read piece: group READ, direction read.
+	// Read is a read: group READ, direction read.
 	Read Op = iota
-	// Write is a write piece (also write-zeroes): group WRITE, direction write.
+	// Write is a write: group WRITE, direction write.
 	Write
-	// Discard is a discard piece: group DISCARD, counted as a write in inflight.
-	Discard
 	// Flush is an empty flush (fsync): counted as a write of 0 sectors, as
 	// bio-based dm does; the kernel's flush fields (16 and 17) stay 0.
 	Flush
+	// Discard is a discard: group DISCARD, counted as a write in inflight.
+	Discard
+	// Zeroes is a write of zeroes (REQ_OP_WRITE_ZEROES): counted as a
+	// write.
+	Zeroes
+	// NumOps is the number of kinds, for tables indexed by Op.
+	NumOps
 )
+
+var opNames = [NumOps]string{Read: "read", Write: "write", Flush: "flush", Discard: "discard", Zeroes: "zeroes"}
+
+// String returns "read", "write", "flush", "discard" or "zeroes" ("I/O" for
+// a value out of range).
+func (op Op) String() string {
+	if op < NumOps {
+		return opNames[op]
+	}
+	return "I/O"
+}
 
 // Group is a statistics group of the kernel's disk_stats: the ios, sectors and
 // nsecs arrays are indexed by it.
