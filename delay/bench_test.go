@@ -16,10 +16,11 @@ import (
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
-// benchTarget returns a 3-argument delay target on the process's scheduler.
+// benchTarget returns a 3-argument delay target on a scheduler of its own
+// on the real clock.
 func benchTarget(b *testing.B, delay string) *Target {
 	b.Helper()
-	s, err := Default()
+	s, err := NewRealScheduler()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -28,7 +29,12 @@ func benchTarget(b *testing.B, delay string) *Target {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { tg.Close() })
+	b.Cleanup(func() {
+		tg.Close()
+		if err := s.Close(); err != nil {
+			b.Error(err)
+		}
+	})
 	return tg
 }
 

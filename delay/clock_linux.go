@@ -79,6 +79,9 @@ func NewRealClock() (*RealClock, error) {
 	return c, nil
 }
 
+// Close closes the clock's eventfd. Nothing may use the clock after.
+func (c *RealClock) Close() error { return unix.Close(c.fd) }
+
 // Nanotime implements Clock: clock.Now.
 func (c *RealClock) Nanotime() int64 { return clock.Now() }
 

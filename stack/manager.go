@@ -37,9 +37,10 @@ func (e *DeviceError) Unwrap() error { return e.Err }
 // Manager owns the devices of one daemon: their names, minors and the
 // dependency graph, and resolves device arguments in tables.
 type Manager struct {
-	reg   *Registry
-	clock Clock
-	ctx   context.Context
+	reg    *Registry
+	clock  Clock
+	ctx    context.Context
+	shared SharedSet // what the targets share (Ctor.Shared)
 
 	// graph serialises building and installing tables, so that two
 	// concurrent loads cannot make devices stack on each other in a loop. It
@@ -241,7 +242,7 @@ func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, e
 		open = func(arg string) (BlockDevice, error) { return m.open(d, arg, ro, dir) }
 	}
 	return Build(lines, BuildOptions{
-		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.Memory,
+		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.Memory, Shared: &m.shared,
 		Open: open,
 	})
 }
@@ -514,7 +515,7 @@ func (m *Manager) removeWith(name string, o RemoveOptions) error {
 	if force {
 		if live := d.Live(); live != nil {
 			t, err := Build([]Line{{N: 1, Start: 0, Len: uint64(live.Sectors()), Type: Error.Name}},
-				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.Memory})
+				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.Memory, Shared: &m.shared})
 			if err == nil {
 				d.loadLocked(t)
 				swapped, err = d.resumeLocked()

@@ -638,10 +638,16 @@ func TestDMStatsPrometheus(t *testing.T) {
 	if strings.Contains(b.String(), `region="2"`) {
 		t.Error("a region without histogram was exported")
 	}
-	unregister := RegisterRegionHistograms(func() []Named { return []Named{{Name: "dev", Disk: d}} })
+	set := RegionHistograms(func() []Named { return []Named{{Name: "dev", Disk: d}} })
 	var all bytes.Buffer
 	metrics.WritePrometheus(&all, false)
-	unregister()
+	if strings.Contains(all.String(), RegionHistogramName) {
+		t.Error("region histograms written before their set was registered")
+	}
+	metrics.RegisterSet(set)
+	all.Reset()
+	metrics.WritePrometheus(&all, false)
+	metrics.UnregisterSet(set, true)
 	if !strings.Contains(all.String(), `program_id="ns"`) {
 		t.Error("registered region histograms missing from metrics.WritePrometheus")
 	}

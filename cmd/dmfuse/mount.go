@@ -105,8 +105,10 @@ func (c *MountCmd) Run(g *Globals) error {
 	defer cancel()
 	mgr := stack.NewManager(ctx, registry(), clock.System)
 	mgr.Memory = reserveMemory
-	stack.EnableDMStats(mgr)
-	defer mgr.RemoveAll()
+	dmstats := stack.EnableDMStats(mgr)
+	metrics.RegisterSet(dmstats)
+	defer metrics.UnregisterSet(dmstats, true)
+	defer mgr.Close()
 
 	text, base, src := defaultConfig, "", "default set"
 	if c.Config != "" {
@@ -160,6 +162,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
+	raiseProcs(delay.SchedulerProcs + srv.Procs())
 	ctl := control.NewServer(ctx, mgr)
 	go func() {
 		if err := ctl.Serve(ln); err != nil {

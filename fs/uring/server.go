@@ -17,7 +17,6 @@ import (
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/hints"
-	"github.com/dmfuse/dmfuse/stack"
 )
 
 // Defaults.
@@ -279,9 +278,18 @@ func (s *Server) release() {
 	}
 }
 
-// uringExtraProcs is how many Ps the transport adds per queue to the one
-// per CPU (see Start).
-const uringExtraProcs = 3
+// procsPerQueue is how many Ps the transport wants per queue on top of one
+// per CPU (Procs).
+const procsPerQueue = 3
+
+// Procs returns how many Ps the server wants on top of one per CPU, for the
+// daemon to raise GOMAXPROCS by. Threads that wait in a system call hold their
+// P until the runtime's sysmon takes it back: each queue's leader in
+// io_uring_enter, and the requests that wait on threads of their own (a
+// delayed one parked in futex), as many as a queue hands over. Three per
+// queue, by measurement: the multipath suite of test/bench with one fast and
+// three delayed paths (docs/benchmarks.md).
+func (s *Server) Procs() int { return procsPerQueue * len(s.queues) }
 
 // Start registers every entry of every queue on the connection of the
 // /dev/fuse descriptor fd (which must have answered FUSE_INIT with
@@ -295,14 +303,6 @@ func (s *Server) Start(fd int, fs fuse.RawFileSystem) error {
 		return err
 	}
 	s.fd = nfd
-	// Threads that wait in a system call hold their P until sysmon takes
-	// it back: each queue's leader in io_uring_enter, and the requests
-	// that wait on threads of their own (a delayed one parked in futex),
-	// as many as a queue hands over. Three Ps per queue on top of one
-	// per CPU, by measurement: on 2 CPUs, 8 Ps instead of 4 took
-	// multipath over one fast and three delayed paths from 0.66 to
-	// 0.78-0.83 of the fast path alone (docs/benchmarks.md).
-	stack.RaiseProcs(uringExtraProcs * len(s.queues))
 	for _, q := range s.queues {
 		if r, ok := q.r.(*sysRing); ok {
 			r.dev = nfd

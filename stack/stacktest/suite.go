@@ -201,7 +201,11 @@ func newManager(t testing.TB, typ *stack.TargetType) *stack.Manager {
 	clk := &clock.Manual{}
 	clk.Set(1e9)
 	m := stack.NewManager(context.Background(), reg, clk)
-	t.Cleanup(m.RemoveAll)
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return m
 }
 
