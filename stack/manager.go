@@ -37,10 +37,12 @@ func (e *DeviceError) Unwrap() error { return e.Err }
 // Manager owns the devices of one daemon: their names, minors and the
 // dependency graph, and resolves device arguments in tables.
 type Manager struct {
-	reg    *Registry
-	clock  Clock
-	ctx    context.Context
-	shared SharedSet // what the targets share (Ctor.Shared)
+	reg   *Registry
+	clock Clock
+	ctx   context.Context
+
+	// shared holds what the targets share (Ctor.Shared); Close closes it.
+	shared SharedSet
 
 	// graph serialises building and installing tables, so that two
 	// concurrent loads cannot make devices stack on each other in a loop. It
