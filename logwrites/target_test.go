@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 	"github.com/dmfuse/dmfuse/stats"
@@ -745,7 +746,7 @@ func lwDevice(t *testing.T, data, logd *stacktest.MemDevice) (*stack.Device, *lo
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, &stacktest.ManualClock{})
+	m := stack.NewManager(context.Background(), reg, &clock.Manual{})
 	t.Cleanup(m.RemoveAll)
 	m.Open = stacktest.Opener{data.Name(): data, logd.Name(): logd}.Open
 	d, err := m.Create(stack.CreateOptions{Name: "lw-" + data.Name(), Minor: -1,

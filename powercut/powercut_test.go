@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/delay"
+	"github.com/dmfuse/dmfuse/internal/hints"
 	"github.com/dmfuse/dmfuse/logwrites"
 	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
@@ -1506,7 +1507,7 @@ func BenchmarkPowercutFull(b *testing.B) {
 	}
 }
 
-// pcWaiter counts the calls of stack.Waiting on its requests.
+// pcWaiter counts the calls of hints.Waiting on its requests.
 type pcWaiter struct{ n atomic.Int32 }
 
 func (w *pcWaiter) Waiting() { w.n.Add(1) }
@@ -1519,7 +1520,7 @@ func TestPowercutWaiting(t *testing.T) {
 	dev, _ := stacktest.NewMemFaultDevice("mem", 64<<20)
 	pc := newPC(t, dev, "")
 	var w pcWaiter
-	ctx := stack.WithWaiter(context.Background(), &w)
+	ctx := hints.WithWaiter(context.Background(), &w)
 	flush := pc.Target.(stack.Flusher).Flush
 	writes := func(ctx context.Context, n int) {
 		t.Helper()
@@ -1625,11 +1626,11 @@ func TestPowercutWriteAround(t *testing.T) {
 	over := fill(0xb0, 4096)
 	copy(want[4096:], over)
 	var w pcWaiter
-	wg.Go(func() { pc.WriteAt(stack.WithWaiter(context.Background(), &w), over, 4096) }) // overlaps a cached entry: waits
+	wg.Go(func() { pc.WriteAt(hints.WithWaiter(context.Background(), &w), over, 4096) }) // overlaps a cached entry: waits
 	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			held.Release()
-			t.Fatal("a write waiting for room did not tell its transport (stack.Waiting)")
+			t.Fatal("a write waiting for room did not tell its transport (hints.Waiting)")
 		}
 	}
 	held.Release()

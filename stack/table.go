@@ -128,6 +128,8 @@ type BuildOptions struct {
 	// Device is the mapped device the table is built for, passed to the
 	// constructors as Ctor.Device; nil outside a Manager.
 	Device *Device
+	// Shared is passed to the constructors as Ctor.Shared.
+	Shared *SharedSet
 }
 
 // Build checks lines as drivers/md/dm-table.c: dm_table_add_target and
@@ -177,7 +179,7 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 		}
 		// The devices this line opens, like the kernel's iterate_devices.
 		var lineDevs []BlockDevice
-		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event, Memory: o.Memory, Device: o.Device,
+		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event, Memory: o.Memory, Shared: o.Shared, Device: o.Device,
 			Open: func(arg string) (BlockDevice, error) {
 				d, err := o.Open(arg)
 				if err != nil {

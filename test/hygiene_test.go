@@ -123,7 +123,7 @@ func TestResourceHygiene(t *testing.T) {
 	defer cancel()
 	mgr := stack.NewManager(ctx, reg, nil)
 	stack.EnableDMStats(mgr)
-	defer mgr.RemoveAll()
+	defer mgr.Close()
 	if _, err := mgr.Create(stack.CreateOptions{Name: "base", Minor: -1, Table: "0 8192 linear " + img + " 0"}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/dmfuse/dmfuse/internal/getopt"
 	"github.com/dmfuse/dmfuse/logwrites"
 )
 
@@ -58,26 +59,26 @@ const (
 	optJSON
 )
 
-var replayLogOptions = []longOpt{
-	{name: "next-flush"},
-	{name: "next-fua"},
-	{name: "start-entry", hasArg: true},
-	{name: "end-mark", hasArg: true},
-	{name: "log", hasArg: true},
-	{name: "replay", hasArg: true},
-	{name: "limit", hasArg: true},
-	{name: "verbose", val: 'v'},
-	{name: "find"},
-	{name: "num-entries"},
-	{name: "no-discard"},
-	{name: "fsck", hasArg: true},
-	{name: "check", hasArg: true},
-	{name: "start-mark", hasArg: true},
-	{name: "start-sector", hasArg: true},
-	{name: "end-sector", hasArg: true},
-	{name: "each", hasArg: true},
-	{name: "each-from", hasArg: true},
-	{name: "json"},
+var replayLogOptions = []getopt.Option{
+	{Name: "next-flush"},
+	{Name: "next-fua"},
+	{Name: "start-entry", HasArg: true},
+	{Name: "end-mark", HasArg: true},
+	{Name: "log", HasArg: true},
+	{Name: "replay", HasArg: true},
+	{Name: "limit", HasArg: true},
+	{Name: "verbose", Val: 'v'},
+	{Name: "find"},
+	{Name: "num-entries"},
+	{Name: "no-discard"},
+	{Name: "fsck", HasArg: true},
+	{Name: "check", HasArg: true},
+	{Name: "start-mark", HasArg: true},
+	{Name: "start-sector", HasArg: true},
+	{Name: "end-sector", HasArg: true},
+	{Name: "each", HasArg: true},
+	{Name: "each-from", HasArg: true},
+	{Name: "json"},
 }
 
 // replayLogUsage is replay-log's usage text (its typos and its
@@ -144,7 +145,7 @@ func parseReplayLog(argv []string, errw io.Writer) (o logwrites.ReplayOptions, s
 		panic(rlExit(1))
 	}
 	_, posix := os.LookupEnv("POSIXLY_CORRECT")
-	g := &getopt{prog: o.Prog, args: argv[1:], shorts: "v", longs: replayLogOptions, posix: posix, errw: errw}
+	g := &getopt.Parser{Prog: o.Prog, Args: argv[1:], Shorts: "v", Longs: replayLogOptions, Posix: posix}
 	number := func(s, what string) uint64 {
 		v, ok := strtoull(s)
 		if !ok {
@@ -173,35 +174,36 @@ func parseReplayLog(argv []string, errw io.Writer) (o logwrites.ReplayOptions, s
 		return o.Each
 	}
 	for {
-		opt, more, bad := g.next()
-		if bad {
+		opt, more, err := g.Next()
+		if err != nil {
+			fmt.Fprintln(errw, err)
 			usage()
 		}
 		if !more {
 			break
 		}
-		if opt.short == 'v' {
+		if opt.Val == 'v' {
 			o.Verbose++
 			continue
 		}
-		switch opt.long {
+		switch opt.Long {
 		case optNextFlush:
 			o.StopFlags |= logwrites.FlagFlush
 		case optNextFUA:
 			o.StopFlags |= logwrites.FlagFUA
 		case optStartEntry:
-			o.StartEntry = number(opt.arg, "entry")
+			o.StartEntry = number(opt.Arg, "entry")
 		case optStartMark:
-			o.StartMark = mark(opt.arg)
+			o.StartMark = mark(opt.Arg)
 		case optEndMark:
-			o.EndMark = mark(opt.arg)
+			o.EndMark = mark(opt.Arg)
 			o.StopFlags |= logwrites.FlagMark
 		case optLog:
-			o.Log, hasLog = opt.arg, true
+			o.Log, hasLog = opt.Arg, true
 		case optReplay:
-			o.Replay, o.HasReplay = opt.arg, true
+			o.Replay, o.HasReplay = opt.Arg, true
 		case optLimit:
-			o.Limit = number(opt.arg, "entry")
+			o.Limit = number(opt.Arg, "entry")
 		case optFind:
 			o.Find = true
 		case optNumEntries:
@@ -209,17 +211,17 @@ func parseReplayLog(argv []string, errw io.Writer) (o logwrites.ReplayOptions, s
 		case optNoDiscard:
 			o.NoDiscard = true
 		case optFsck:
-			o.Fsck, o.HasFsck = opt.arg, true
+			o.Fsck, o.HasFsck = opt.Arg, true
 		case optCheck:
-			o.Check, o.CheckN = check(opt.arg)
+			o.Check, o.CheckN = check(opt.Arg)
 		case optStartSector:
-			o.StartSector = number(opt.arg, "sector")
+			o.StartSector = number(opt.Arg, "sector")
 		case optEndSector:
-			o.EndSector = number(opt.arg, "sector")
+			o.EndSector = number(opt.Arg, "sector")
 		case optEach:
-			each().Mode, each().N = check(opt.arg)
+			each().Mode, each().N = check(opt.Arg)
 		case optEachFrom:
-			each().From = mark(opt.arg)
+			each().From = mark(opt.Arg)
 		case optJSON:
 			each().JSON = true
 		default:

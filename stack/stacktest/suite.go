@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -213,11 +214,11 @@ const segBytes = segSectors * stack.SectorSize
 // env is one device of the type under test, over backing devices of one
 // segment each.
 type env struct {
-	t    testing.TB
-	typ  *stack.TargetType
-	c    Case
-	mgr  *stack.Manager
-	dev  *stack.Device
+	t   testing.TB
+	typ *stack.TargetType
+	c   Case
+	mgr *stack.Manager
+	dev *stack.Device
 	// io is how the checks do I/O to dev: dev itself, or its file on the
 	// Suite's mount.
 	io   deviceIO
@@ -245,10 +246,14 @@ func newManager(t testing.TB, typ *stack.TargetType) *stack.Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &ManualClock{}
-	clock.Set(1e9)
-	m := stack.NewManager(context.Background(), reg, clock)
-	t.Cleanup(m.RemoveAll)
+	clk := &clock.Manual{}
+	clk.Set(1e9)
+	m := stack.NewManager(context.Background(), reg, clk)
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return m
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/test/golden"
 )
@@ -41,7 +42,7 @@ func CheckTables(t *testing.T, reg *stack.Registry, dir string) {
 		if err != nil {
 			return nil, err
 		}
-		return stack.Build(lines, stack.BuildOptions{Registry: reg, Clock: &ManualClock{}, Context: context.Background(), Open: TableDevs().Open})
+		return stack.Build(lines, stack.BuildOptions{Registry: reg, Clock: &clock.Manual{}, Context: context.Background(), Open: TableDevs().Open})
 	}
 	var out strings.Builder
 	for _, c := range strings.Split(string(in), "---\n") {
