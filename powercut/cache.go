@@ -8,18 +8,8 @@ import (
 	"syscall"
 
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stats"
 )
-
-// pcKind is what a cached entry does.
-type pcKind uint8
-
-const (
-	pcWrite pcKind = iota
-	pcDiscard
-	pcZeroes
-)
-
-var pcKindNames = [...]string{pcWrite: "write", pcDiscard: "discard", pcZeroes: "zeroes"}
 
 // pcSpan is a byte range [off, end) of the segment.
 type pcSpan struct{ off, end int64 }
@@ -28,10 +18,10 @@ type pcSpan struct{ off, end int64 }
 // once it is in the list.
 type pcEntry struct {
 	next *pcEntry
-	kind pcKind
-	off  int64  // segment bytes
-	end  int64  // segment bytes
-	data []byte // pcWrite: the cached copy, end-off bytes
+	kind stack.Op // stats.Write, stats.Discard or stats.Zeroes
+	off  int64    // segment bytes
+	end  int64    // segment bytes
+	data []byte   // a write: the cached copy, end-off bytes
 	buf  *[]byte
 	// holes are the parts a later FUA write replaced on the device: never
 	// written back. Sorted, disjoint. Changed under wb (shared) and masks.
@@ -118,10 +108,10 @@ func pcBufClass(n int) int {
 	return bits.Len(uint((n - 1) / stack.SectorSize)) // ceil(log2(n/512))
 }
 
-func pcNewEntry(kind pcKind, off, n int64) *pcEntry {
+func pcNewEntry(kind stack.Op, off, n int64) *pcEntry {
 	e := pcEntryPool.Get().(*pcEntry)
 	e.kind, e.off, e.end = kind, off, off+n
-	if kind == pcWrite {
+	if kind == stats.Write {
 		e.buf = pcGetBuf(int(n))
 		e.data = (*e.buf)[:n]
 	}
@@ -513,9 +503,9 @@ func (p *powercut) drop(first *pcEntry, k int64) {
 func (p *powercut) writeEntry(ctx context.Context, e *pcEntry, keep int64) error {
 	return e.pieces(keep, func(a, b int64) error {
 		switch e.kind {
-		case pcDiscard:
+		case stats.Discard:
 			return p.dev.Discard(ctx, p.start+a, b-a)
-		case pcZeroes:
+		case stats.Zeroes:
 			return p.dev.WriteZeroes(ctx, p.start+a, b-a)
 		}
 		_, err := p.dev.WriteAt(ctx, e.data[a-e.off:b-e.off], p.start+a)

@@ -4,6 +4,8 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+
+	"github.com/dmfuse/dmfuse/stats"
 )
 
 // pcChunkShift sets the span of one index chunk: 1 MiB.
@@ -304,7 +306,7 @@ func (x *pcIndex) read(p []byte, off int64) {
 			x := c.ext[i]
 			s, t := max(x.off, a), min(x.end, b)
 			dst := p[s-off : t-off]
-			if x.e.kind == pcWrite {
+			if x.e.kind == stats.Write {
 				copy(dst, x.e.data[s-x.e.off:t-x.e.off])
 			} else {
 				clear(dst)

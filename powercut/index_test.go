@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stats"
 )
 
 // TestPowercutIndexForms: the slice index of a small target and the map
@@ -52,7 +53,7 @@ func TestPowercutIndexForms(t *testing.T) {
 			end := min(size, off+1+rng.Int64N(3<<pcChunkShift/2))
 			switch r := rng.IntN(100); {
 			case r < 60:
-				e := &pcEntry{kind: pcWrite, off: off, end: end}
+				e := &pcEntry{kind: stats.Write, off: off, end: end}
 				ents = append(ents, e)
 				x.put(off, end, e)
 				for i := off; i < end; i++ {
