@@ -62,8 +62,9 @@ import (
 // delays its own next look behind it and takes turns from it. The spin
 // ends, and the daemon does not poll for a quiet period that starts at
 // quietMin and doubles, up to quietMax, for every contended spin that
-// follows the one before it within quietMax; a spin that sees no
-// contention resets it.
+// comes within quietMax after the quiet period before it ended (a spin that
+// finds its request at its first look, and so sees no contention, does not
+// reset it: under a CPU-bound process on every CPU some do).
 type pollPolicy struct {
 	mode int8  // pollAdaptive, pollFixed or pollOff
 	win  int64 // the window, ns
@@ -198,7 +199,6 @@ func (p *pollPolicy) spun(q *pollQueue, now int64, hit bool, others uint64, cont
 		p.contention(now)
 		return
 	}
-	p.quiet.Store(quietMin)
 	if p.mode != pollAdaptive {
 		return
 	}

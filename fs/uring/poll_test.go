@@ -333,7 +333,8 @@ func TestPollIdle(t *testing.T) {
 
 // TestPollContended: a spin that finds the CPU held by another thread
 // stops polling for a quiet period, which doubles while contention lasts,
-// up to quietMax, and ends when a spin sees none.
+// up to quietMax, and starts at quietMin again after a contention-free
+// quietMax.
 func TestPollContended(t *testing.T) {
 	s := newPollSim(2, 0)
 	s.run(100, one, steady(5*us))
@@ -366,8 +367,11 @@ func TestPollContended(t *testing.T) {
 	if s.spins < 90 {
 		t.Errorf("%d polls in 100 requests after contention ended", s.spins)
 	}
-	if s.p.quiet.Load() != quietMin {
-		t.Errorf("quiet period %v after an uncontended spin", time.Duration(s.p.quiet.Load()))
+	s.now += 3 * quietMax
+	s.contendedAt = s.now
+	s.run(1, one, steady(5*us))
+	if d := s.p.quietUntil.Load() - s.now; s.p.quiet.Load() != quietMin || d > quietMin+5*int64(time.Millisecond) {
+		t.Errorf("quiet period %v (%v left) for contention after a calm %v", time.Duration(s.p.quiet.Load()), time.Duration(d), time.Duration(3*quietMax))
 	}
 }
 
