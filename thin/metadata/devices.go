@@ -159,16 +159,21 @@ func (p *Pool) DeleteThin(id uint32) error {
 	}
 	p.changed = true
 	delete(p.devs, id)
-	p.detailsRoot, err = btree.Remove(&p.details, p.detailsRoot, uint64(id))
-	if err != nil && !errors.Is(err, btree.ErrNotFound) {
+	dr, err := btree.Remove(&p.details, p.detailsRoot, uint64(id))
+	switch {
+	case err == nil:
+		p.detailsRoot = dr
+	case !errors.Is(err, btree.ErrNotFound):
 		return err
 	}
-	if p.root, err = btree.Remove(&p.top, p.root, uint64(id)); err != nil {
+	r, err := btree.Remove(&p.top, p.root, uint64(id))
+	if err != nil {
 		if errors.Is(err, btree.ErrNotFound) {
 			return fmt.Errorf("delete thin %d: %w", id, ErrNoDevice)
 		}
 		return err
 	}
+	p.root = r
 	return nil
 }
 

@@ -134,13 +134,13 @@ func splitSibling(info *Info, parent *block.Block, pidx int, b *block.Block, key
 	return rb, nil
 }
 
-// Insert maps key to val. An existing value is overwritten (its
+// Insert maps key to val. On an error the root returned is root. An existing value is overwritten (its
 // reference dropped through the value type unless equal). The caller
 // holds the reference of a new value.
 func Insert(info *Info, root, key uint64, val []byte) (newRoot uint64, inserted bool, err error) {
 	b, newRoot, err := descend(info, root, key, true)
 	if err != nil {
-		return 0, false, err
+		return root, false, err
 	}
 	defer info.TM.Unlock(b)
 	n := node(b.Data())
@@ -149,7 +149,7 @@ func Insert(info *Info, root, key uint64, val []byte) (newRoot uint64, inserted 
 		old := n.value(i)
 		if info.VT.Dec != nil && (info.VT.Equal == nil || !info.VT.Equal(old, val)) {
 			if err := info.VT.Dec(old, 1); err != nil {
-				return 0, false, err
+				return root, false, err
 			}
 		}
 		copy(old, val)
@@ -165,19 +165,19 @@ func Insert(info *Info, root, key uint64, val []byte) (newRoot uint64, inserted 
 // a lower tree's root (the old root was released by its shadowing).
 func Update(info *Info, root, key uint64, fn func(val []byte) error) (newRoot uint64, err error) {
 	if ok, err := Lookup(info, root, key, nil); err != nil {
-		return 0, err
+		return root, err
 	} else if !ok {
-		return 0, ErrNotFound
+		return root, ErrNotFound
 	}
 	b, newRoot, err := descend(info, root, key, false)
 	if err != nil {
-		return 0, err
+		return root, err
 	}
 	defer info.TM.Unlock(b)
 	n := node(b.Data())
 	i := n.lowerBound(key)
 	if i < 0 || n.key(i) != key {
-		return 0, ErrNotFound
+		return root, ErrNotFound
 	}
 	return newRoot, fn(n.value(i))
 }

@@ -180,3 +180,19 @@ func (w *walker) walk(loc uint64, depth int, lo, hi uint64, hiOpen, isRoot bool)
 	}
 	return nil
 }
+
+// NodeEntries reads the node at loc: whether it is a leaf, its entry
+// count, a copy of its keys and of its values (child locations in an
+// internal node).
+func NodeEntries(info *Info, loc uint64) (leaf bool, keys []uint64, vals []byte, err error) {
+	b, n, err := info.readNode(loc)
+	if err != nil {
+		return false, nil, nil, err
+	}
+	defer info.TM.Unlock(b)
+	keys = make([]uint64, n.nr())
+	for i := range keys {
+		keys[i] = n.key(i)
+	}
+	return n.isLeaf(), keys, append([]byte(nil), n.values(0, n.nr())...), nil
+}

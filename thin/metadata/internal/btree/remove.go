@@ -12,13 +12,13 @@ import (
 // root left with one child takes that child's place.
 func Remove(info *Info, root, key uint64) (newRoot uint64, err error) {
 	if ok, err := Lookup(info, root, key, nil); err != nil {
-		return 0, err
+		return root, err
 	} else if !ok {
-		return 0, ErrNotFound
+		return root, ErrNotFound
 	}
 	b, err := info.shadow(root)
 	if err != nil {
-		return 0, err
+		return root, err
 	}
 	newRoot = b.Loc()
 	isRoot := true
@@ -27,7 +27,7 @@ func Remove(info *Info, root, key uint64) (newRoot uint64, err error) {
 		n := node(b.Data())
 		if isRoot && !n.isLeaf() && n.nr() == 1 {
 			if err := collapse(info, b); err != nil {
-				return 0, err
+				return root, err
 			}
 			continue
 		}
@@ -36,21 +36,21 @@ func Remove(info *Info, root, key uint64) (newRoot uint64, err error) {
 		}
 		i := n.lowerBound(key)
 		if i < 0 {
-			return 0, errs.Corruptf("btree node %d lost key %d", b.Loc(), key)
+			return root, errs.Corruptf("btree node %d lost key %d", b.Loc(), key)
 		}
 		cnr, cmax, err := peek(info, n.value64(i))
 		if err != nil {
-			return 0, err
+			return root, err
 		}
 		if cnr <= cmax/3 {
 			if err := rebalance(info, b, i); err != nil {
-				return 0, err
+				return root, err
 			}
 			continue
 		}
 		cb, err := info.shadow(n.value64(i))
 		if err != nil {
-			return 0, err
+			return root, err
 		}
 		n.setValue64(i, cb.Loc())
 		info.TM.Unlock(b)
@@ -59,11 +59,11 @@ func Remove(info *Info, root, key uint64) (newRoot uint64, err error) {
 	n := node(b.Data())
 	i := n.lowerBound(key)
 	if i < 0 || n.key(i) != key {
-		return 0, errs.Corruptf("btree leaf %d lost key %d", b.Loc(), key)
+		return root, errs.Corruptf("btree leaf %d lost key %d", b.Loc(), key)
 	}
 	if info.VT.Dec != nil {
 		if err := info.VT.Dec(n.value(i), 1); err != nil {
-			return 0, err
+			return root, err
 		}
 	}
 	n.deleteAt(i)

@@ -115,9 +115,3 @@ func le32(v uint32) []byte {
 	le.PutUint32(b[:], v)
 	return b[:]
 }
-
-func le64(v uint64) []byte {
-	var b [8]byte
-	le.PutUint64(b[:], v)
-	return b[:]
-}

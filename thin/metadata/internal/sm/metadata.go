@@ -292,8 +292,11 @@ func (m *Metadata) Commit() (Root, error) {
 				if c := m.count(b); c >= 3 {
 					m.refRoot, _, err = btree.Insert(&m.refInfo, m.refRoot, b, le32(c))
 				} else {
-					m.refRoot, err = btree.Remove(&m.refInfo, m.refRoot, b)
-					if err == btree.ErrNotFound {
+					var r uint64
+					switch r, err = btree.Remove(&m.refInfo, m.refRoot, b); err {
+					case nil:
+						m.refRoot = r
+					case btree.ErrNotFound:
 						err = nil
 					}
 				}
