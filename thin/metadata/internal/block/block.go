@@ -240,7 +240,13 @@ func (m *Manager) ReadLock(loc uint64, v *Validator) (*Block, error) {
 	if err != nil {
 		return nil, err
 	}
-	b.rw.RLock()
+	// Writers run alone (the pool's lock), so a block already locked for
+	// writing is one the caller holds itself: metadata that points back
+	// into its own path. Waiting would deadlock.
+	if !b.rw.TryRLock() {
+		m.unpin(b)
+		return nil, errs.Corruptf("%s block %d is read while it is being written", v.Name, loc)
+	}
 	return b, nil
 }
 
@@ -264,7 +270,10 @@ func (m *Manager) writeLock(loc uint64, v *Validator, zero bool) (*Block, error)
 	if err != nil {
 		return nil, err
 	}
-	b.rw.Lock()
+	if !b.rw.TryLock() {
+		m.unpin(b)
+		return nil, errs.Corruptf("%s block %d is written while it is locked", v.Name, loc)
+	}
 	if zero {
 		clear(b.data)
 		b.v = v

@@ -36,10 +36,18 @@ func Lookup(info *Info, root, key uint64, val []byte) (bool, error) {
 
 // LookupNext finds the smallest key >= key, copying its value into val.
 func LookupNext(info *Info, root, key uint64, val []byte) (k uint64, ok bool, err error) {
-	return lookupNext(info, root, key, val, 0)
+	budget := maxVisits
+	return lookupNext(info, root, key, val, 0, &budget)
 }
 
-func lookupNext(info *Info, loc, key uint64, val []byte, depth int) (uint64, bool, error) {
+// maxVisits bounds the nodes a search visits: in a valid tree a search
+// for the next or highest key visits at most two nodes a level.
+const maxVisits = 4 * MaxDepth
+
+func lookupNext(info *Info, loc, key uint64, val []byte, depth int, budget *int) (uint64, bool, error) {
+	if *budget--; *budget < 0 {
+		return 0, false, errs.Corruptf("btree search from %d visits too many nodes", loc)
+	}
 	if depth > MaxDepth {
 		return 0, false, errs.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
 	}
@@ -65,7 +73,7 @@ func lookupNext(info *Info, loc, key uint64, val []byte, depth int) (uint64, boo
 		i = 0
 	}
 	for ; i < n.nr(); i++ {
-		k, ok, err := lookupNext(info, n.value64(i), key, val, depth+1)
+		k, ok, err := lookupNext(info, n.value64(i), key, val, depth+1, budget)
 		if err != nil || ok {
 			return k, ok, err
 		}
@@ -75,10 +83,14 @@ func lookupNext(info *Info, loc, key uint64, val []byte, depth int) (uint64, boo
 
 // FindHighest returns the highest key (ok false when the tree is empty).
 func FindHighest(info *Info, root uint64, val []byte) (uint64, bool, error) {
-	return findHighest(info, root, val, 0)
+	budget := maxVisits
+	return findHighest(info, root, val, 0, &budget)
 }
 
-func findHighest(info *Info, loc uint64, val []byte, depth int) (uint64, bool, error) {
+func findHighest(info *Info, loc uint64, val []byte, depth int, budget *int) (uint64, bool, error) {
+	if *budget--; *budget < 0 {
+		return 0, false, errs.Corruptf("btree search from %d visits too many nodes", loc)
+	}
 	if depth > MaxDepth {
 		return 0, false, errs.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
 	}
@@ -94,7 +106,7 @@ func findHighest(info *Info, loc uint64, val []byte, depth int) (uint64, bool, e
 			}
 			return n.key(i), true, nil
 		}
-		k, ok, err := findHighest(info, n.value64(i), val, depth+1)
+		k, ok, err := findHighest(info, n.value64(i), val, depth+1, budget)
 		if err != nil || ok {
 			return k, ok, err
 		}
@@ -107,13 +119,13 @@ func findHighest(info *Info, loc uint64, val []byte, depth int) (uint64, bool, e
 // parent's bounds, non-root nodes at least a third full, leaves at one
 // depth. fn's value is only valid during the call.
 func Walk(info *Info, root uint64, fn func(k uint64, v []byte) error) error {
-	w := walker{info: info, fn: fn, leafDepth: -1}
+	w := walker{info: info, fn: fn, leafDepth: -1, seen: map[uint64]bool{}}
 	return w.walk(root, 0, 0, ^uint64(0), true, true)
 }
 
 // WalkNodes calls fn for every node's location, parents first.
 func WalkNodes(info *Info, root uint64, fn func(loc uint64, leaf bool, vals []byte, nr int) error) error {
-	w := walker{info: info, nodeFn: fn, leafDepth: -1}
+	w := walker{info: info, nodeFn: fn, leafDepth: -1, seen: map[uint64]bool{}}
 	return w.walk(root, 0, 0, ^uint64(0), true, true)
 }
 
@@ -122,12 +134,17 @@ type walker struct {
 	fn        func(k uint64, v []byte) error
 	nodeFn    func(loc uint64, leaf bool, vals []byte, nr int) error
 	leafDepth int
+	seen      map[uint64]bool
 }
 
 func (w *walker) walk(loc uint64, depth int, lo, hi uint64, hiOpen, isRoot bool) error {
 	if depth > MaxDepth {
 		return errs.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
 	}
+	if w.seen[loc] {
+		return errs.Corruptf("btree node %d is reached twice", loc)
+	}
+	w.seen[loc] = true
 	b, n, err := w.info.readNode(loc)
 	if err != nil {
 		return err

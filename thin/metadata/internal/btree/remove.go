@@ -163,12 +163,15 @@ func rebalance(info *Info, pb *block.Block, i int) error {
 // still shared only loses a reference; otherwise its children (or, in a
 // leaf, its values) lose theirs, and then the node itself.
 func Del(info *Info, root uint64) error {
-	return del(info, root, 0)
+	return del(info, root, 0, map[uint64]bool{})
 }
 
-func del(info *Info, loc uint64, depth int) error {
+func del(info *Info, loc uint64, depth int, seen map[uint64]bool) error {
 	if depth > MaxDepth {
 		return errs.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
+	}
+	if seen[loc] {
+		return errs.Corruptf("btree node %d is reached twice", loc)
 	}
 	c, err := info.TM.Count(loc)
 	if err != nil {
@@ -177,6 +180,7 @@ func del(info *Info, loc uint64, depth int) error {
 	if c > 1 {
 		return info.TM.Dec(loc)
 	}
+	seen[loc] = true
 	b, n, err := info.readNode(loc)
 	if err != nil {
 		return err
@@ -193,7 +197,7 @@ func del(info *Info, loc uint64, depth int) error {
 		}
 	} else {
 		for i := 0; i < nr; i++ {
-			if err := del(info, le.Uint64(vals[8*i:]), depth+1); err != nil {
+			if err := del(info, le.Uint64(vals[8*i:]), depth+1, seen); err != nil {
 				return err
 			}
 		}
