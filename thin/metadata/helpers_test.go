@@ -49,7 +49,9 @@ func (d *memDev) clone() *memDev {
 // fileDev is a metadata device on a file.
 type fileDev struct{ f *os.File }
 
-func (d fileDev) ReadAt(_ context.Context, p []byte, off int64) (int, error) { return d.f.ReadAt(p, off) }
+func (d fileDev) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
+	return d.f.ReadAt(p, off)
+}
 func (d fileDev) WriteAt(_ context.Context, p []byte, off int64) (int, error) {
 	return d.f.WriteAt(p, off)
 }
