@@ -69,6 +69,9 @@ func NewMetadata(nrBlocks uint64) (*Metadata, error) {
 	if err != nil {
 		return nil, err
 	}
+	for i := range m.dirty {
+		m.dirty[i] = true
+	}
 	if nrBlocks > 0 {
 		m.set(0, 1)
 	}
@@ -141,6 +144,7 @@ func OpenMetadata(t *tm.TM, root Root) (*Metadata, error) {
 		return nil, errs.Corruptf("metadata space map: %d counts of 3 or more missing from the overflow tree", threes)
 	}
 	clear(m.bigDirty)
+	m.nrAllocated = 0
 	for b := uint64(0); b < m.nrBlocks; b++ {
 		if m.counts[b] != 0 {
 			m.used[b/64] |= 1 << (b % 64)
