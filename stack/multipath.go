@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/selectors"
@@ -20,20 +19,6 @@ import (
 // its table and can only be replaced by another multipath table (or an error
 // table).
 var Multipath = &TargetType{Name: "multipath", Version: [3]int{1, 15, 0}, Singleton: true, Immutable: true, New: newMultipath}
-
-// ErrPushBack is the error of an I/O that multipath pushes back to the device
-// (dm's DM_MAPIO_REQUEUE and DM_ENDIO_REQUEUE): it found no usable path while
-// the device is being suspended with noflush and queue_if_no_path is off (as
-// presuspend turns it off). During a noflush suspend the device holds such
-// an I/O at its gate and issues it again after resume; otherwise it fails
-// with EIO, which ErrPushBack wraps (as the kernel turns a push-back into EIO
-// outside a noflush suspend).
-var ErrPushBack error = pushBackError{}
-
-type pushBackError struct{}
-
-func (pushBackError) Error() string { return "multipath: no usable path: I/O pushed back" }
-func (pushBackError) Unwrap() error { return syscall.EIO }
 
 // mpMaxArgs is the kernel's limit on every count in a multipath table.
 const mpMaxArgs = 1024

@@ -2,13 +2,10 @@ package stack
 
 import (
 	"context"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/dmfuse/dmfuse/internal/dmarg"
-	"golang.org/x/sys/unix"
 )
 
 // Message implements Messager (multipath_message).
@@ -112,87 +109,17 @@ func (m *multipath) pathsOn(arg string) ([]*pgpath, error) {
 
 // pathsMatching returns the paths on the device arg resolves to.
 func (m *multipath) pathsMatching(arg string) ([]*pgpath, error) {
-	key, err := resolveMessageDev(arg)
+	key, err := ResolveDevArg(arg)
 	if err != nil {
-		return nil, err
+		return nil, Errorf("message: error getting device %s: %v", arg, err)
 	}
 	var out []*pgpath
 	for _, pg := range m.pgs {
 		for _, pp := range pg.paths {
-			if key.matches(pp.dev) {
+			if key.Matches(pp.dev) {
 				out = append(out, pp)
 			}
 		}
 	}
 	return out, nil
-}
-
-// devKey identifies the device a message names, resolved by the rules of device
-// arguments (Manager's open: a mapped device's name, 253:N, MAJOR:MINOR or a
-// path) without opening it.
-type devKey struct {
-	arg    string
-	mapped string // a mapped device name
-	minor  int64  // 253:N; -1 if not given so
-	rdev   uint64 // a block device's number; 0 if none
-	dev    uint64 // st_dev and st_ino of a file or block device node
-	ino    uint64
-	stated bool
-	abs    string // the path made absolute
-}
-
-// resolveMessageDev resolves the device argument of fail_path or
-// reinstate_path. A relative path is made absolute against the daemon's
-// working directory.
-func resolveMessageDev(arg string) (devKey, error) {
-	k := devKey{arg: arg, minor: -1}
-	if mm := majMin.FindStringSubmatch(arg); mm != nil {
-		maj, err1 := strconv.ParseUint(mm[1], 10, 32)
-		min, err2 := strconv.ParseUint(mm[2], 10, 32)
-		if err1 != nil || err2 != nil {
-			return k, Errorf("message: error getting device %s: bad MAJOR:MINOR", arg)
-		}
-		if maj == Major {
-			k.minor = int64(min)
-		} else {
-			k.rdev = unix.Mkdev(uint32(maj), uint32(min))
-		}
-		return k, nil
-	}
-	if !strings.Contains(arg, "/") {
-		k.mapped = arg
-		return k, nil
-	}
-	p, err := filepath.Abs(arg)
-	if err != nil {
-		return k, Errorf("message: error getting device %s: %v", arg, err)
-	}
-	k.abs = p
-	var st unix.Stat_t
-	if err := unix.Stat(p, &st); err != nil {
-		return k, Errorf("message: error getting device %s: %v", arg, err)
-	}
-	k.stated, k.dev, k.ino = true, st.Dev, st.Ino
-	if st.Mode&unix.S_IFMT == unix.S_IFBLK {
-		k.rdev = st.Rdev
-	}
-	return k, nil
-}
-
-// matches reports whether the path device d is the device k names.
-func (k devKey) matches(d BlockDevice) bool {
-	switch d := d.(type) {
-	case *mappedRef:
-		return k.mapped != "" && d.Name() == k.mapped || k.minor >= 0 && int64(d.Minor()) == k.minor
-	case *fileDev:
-		var st unix.Stat_t
-		if err := unix.Fstat(d.fd, &st); err != nil {
-			return d.name == k.arg || d.name == k.abs
-		}
-		if k.rdev != 0 && st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == k.rdev {
-			return true
-		}
-		return k.stated && st.Dev == k.dev && st.Ino == k.ino
-	}
-	return d.Name() == k.arg || k.abs != "" && d.Name() == k.abs
 }
