@@ -22,6 +22,7 @@ import (
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/internal/hints"
 	"github.com/dmfuse/dmfuse/logwrites"
+	"github.com/dmfuse/dmfuse/multipath"
 	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
@@ -906,7 +907,7 @@ func TestPowercutUnderMultipath(t *testing.T) {
 	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(stack.Linear, stack.Multipath, powercut.Type, delay.Type)
+	reg, err := stack.NewRegistry(stack.Linear, multipath.Type, powercut.Type, delay.Type)
 	if err != nil {
 		t.Fatal(err)
 	}

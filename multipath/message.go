@@ -1,4 +1,4 @@
-package stack
+package multipath
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/dmfuse/dmfuse/internal/dmarg"
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // Message implements Messager (multipath_message).
@@ -14,7 +15,7 @@ func (m *multipath) Message(_ context.Context, args []string) (string, error) {
 	suspended := m.mu.suspended
 	m.mu.Unlock()
 	if suspended {
-		return "", &ArgError{Reason: "multipath messages are refused while the device is suspended", Errno: syscall.EBUSY}
+		return "", &stack.ArgError{Reason: "multipath messages are refused while the device is suspended", Errno: syscall.EBUSY}
 	}
 	if len(args) == 1 {
 		switch {
@@ -31,7 +32,7 @@ func (m *multipath) Message(_ context.Context, args []string) (string, error) {
 		}
 	}
 	if len(args) != 2 {
-		return "", Errorf("Invalid multipath message arguments. Expected 2 arguments, got %d.", len(args))
+		return "", stack.Errorf("Invalid multipath message arguments. Expected 2 arguments, got %d.", len(args))
 	}
 	verb, arg := args[0], args[1]
 	switch {
@@ -68,7 +69,7 @@ func (m *multipath) Message(_ context.Context, args []string) (string, error) {
 			return "", err
 		}
 		if len(paths) == 0 {
-			return "", Errorf("%s %s: no path of this multipath is on that device", strings.ToLower(verb), arg)
+			return "", stack.Errorf("%s %s: no path of this multipath is on that device", strings.ToLower(verb), arg)
 		}
 		for _, pp := range paths {
 			if strings.EqualFold(verb, "fail_path") {
@@ -79,14 +80,14 @@ func (m *multipath) Message(_ context.Context, args []string) (string, error) {
 		}
 		return "", nil
 	}
-	return "", Errorf("Unrecognised multipath message received: %s", verb)
+	return "", stack.Errorf("Unrecognised multipath message received: %s", verb)
 }
 
 // groupArg reads a 1-based group number (switch_pg_num, bypass_pg_num).
 func (m *multipath) groupArg(verb, arg string) (*priorityGroup, error) {
 	n, ok := dmarg.Uint32(arg) // sscanf "%u%c"
 	if !ok || n == 0 || int(n) > len(m.pgs) {
-		return nil, Errorf("invalid PG number supplied to %s: %q: 1..%d", strings.ToLower(verb), arg, len(m.pgs))
+		return nil, stack.Errorf("invalid PG number supplied to %s: %q: 1..%d", strings.ToLower(verb), arg, len(m.pgs))
 	}
 	return m.pgs[n-1], nil
 }
@@ -98,7 +99,7 @@ func (m *multipath) groupArg(verb, arg string) (*priorityGroup, error) {
 func (m *multipath) pathsOn(arg string) ([]*pgpath, error) {
 	paths, err := m.pathsMatching(arg)
 	if len(paths) == 0 && strings.Contains(arg, `\`) {
-		if w := SplitArgs(arg); len(w) == 1 && w[0] != arg {
+		if w := stack.SplitArgs(arg); len(w) == 1 && w[0] != arg {
 			if unesc, _ := m.pathsMatching(w[0]); len(unesc) > 0 {
 				return unesc, nil
 			}
@@ -109,9 +110,9 @@ func (m *multipath) pathsOn(arg string) ([]*pgpath, error) {
 
 // pathsMatching returns the paths on the device arg resolves to.
 func (m *multipath) pathsMatching(arg string) ([]*pgpath, error) {
-	key, err := ResolveDevArg(arg)
+	key, err := stack.ResolveDevArg(arg)
 	if err != nil {
-		return nil, Errorf("message: error getting device %s: %v", arg, err)
+		return nil, stack.Errorf("message: error getting device %s: %v", arg, err)
 	}
 	var out []*pgpath
 	for _, pg := range m.pgs {
