@@ -365,8 +365,9 @@
 //     arguments only through Ctor.Open (OpenArea, OpenRemap); a StatusTable
 //     form the constructor reads back; and a compile-time assertion for each
 //     optional interface it implements, as linear.go has them.
-//  2. A line in the registry of cmd/dmfuse (registry in mount.go) and in
-//     defaultRegistry of stack's conformance test.
+//  2. A line in the list of every target type, internal/targets (All):
+//     the dmfuse command registers that list, and the conformance suite
+//     walks it.
 //  3. An entry in stacktest.Cases: the parameters that make the type usable
 //     over memory devices, what it does with data, and the checks that do not
 //     apply, with the reason. stacktest.RunRegistry fails for a registered

@@ -19,6 +19,8 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 )
@@ -70,8 +72,7 @@ func parsePoll(v string) (time.Duration, error) {
 
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
-	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, stack.Powercut)
+	r, err := stack.NewRegistry(targets.All()...)
 	if err != nil {
 		panic(err)
 	}
@@ -102,10 +103,12 @@ func (c *MountCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	mgr := stack.NewManager(ctx, registry(), clock.System)
 	mgr.Memory = reserveMemory
-	stack.EnableDMStats(mgr)
-	defer mgr.RemoveAll()
+	dmstats := stack.EnableDMStats(mgr)
+	metrics.RegisterSet(dmstats)
+	defer metrics.UnregisterSet(dmstats, true)
+	defer mgr.Close()
 
 	text, base, src := defaultConfig, "", "default set"
 	if c.Config != "" {
@@ -159,6 +162,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
+	raiseProcs(delay.SchedulerProcs + srv.Procs())
 	ctl := control.NewServer(ctx, mgr)
 	go func() {
 		if err := ctl.Serve(ln); err != nil {
