@@ -117,6 +117,9 @@ func (t *thinDev) Insert(v, d uint64) error {
 	if err := p.writable(); err != nil {
 		return err
 	}
+	if n := p.dsm.NrBlocks(); d >= n {
+		return fmt.Errorf("map block %d of thin device %d to data block %d: the pool has %d", v, t.st.id, d, n)
+	}
 	p.changed = true
 	inserted := false
 	err := t.update(func(root uint64) (uint64, error) {
