@@ -120,8 +120,20 @@ func TestInteropWriteCheckDump(t *testing.T) {
 			t.Fatal(err)
 		}
 		runTool(t, "thin_check", path)
-		got, _ := dumpModel(t, path)
+		got, d := dumpModel(t, path)
 		sameModel(t, got, m)
+		if d.Time != p.time || d.Transaction != p.TransactionID() || d.DataBlockSize != 128 || d.NrDataBlocks != 30000 {
+			t.Fatalf("thin_dump superblock %+v", d)
+		}
+		for _, dev := range d.Devices {
+			st, ok, err := p.device(dev.ID)
+			if err != nil || !ok {
+				t.Fatalf("device %d: %v", dev.ID, err)
+			}
+			if st.d != (deviceDetails{dev.MappedBlocks, dev.Transaction, dev.CreationTime, dev.SnapTime}) {
+				t.Fatalf("device %d: details %+v, thin_dump %+v", dev.ID, st.d, dev)
+			}
+		}
 	}
 	verifyCounts(t, p)
 }

@@ -122,8 +122,10 @@ func (t *thinDev) Insert(v, d uint64) error {
 	}
 	p.changed = true
 	inserted := false
+	var val [8]byte
+	le.PutUint64(val[:], packBlockTime(d, p.time))
 	err := t.update(func(root uint64) (uint64, error) {
-		nr, ins, err := btree.Insert(&p.bottom, root, v, le64(packBlockTime(d, p.time)))
+		nr, ins, err := btree.Insert(&p.bottom, root, v, val[:])
 		inserted = ins
 		return nr, err
 	})
