@@ -158,10 +158,7 @@ func TestStoreRandomAgainstModel(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	m := model{}
 	var next uint32
-	rounds := 30
-	if testing.Short() {
-		rounds = 8
-	}
+	const rounds = 30
 	var maxMeta, maxData uint32
 	for r := 0; r < rounds; r++ {
 		randomOps(t, rng, p, m, 60, &next)
