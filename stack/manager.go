@@ -274,7 +274,7 @@ func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevi
 		}
 		bd, err := OpenFile(fmt.Sprintf("/dev/block/%d:%d", maj, min), arg, ro)
 		if err != nil {
-			return nil, Errorf("Device lookup failed: %s: %v", arg, unwrapPath(err))
+			return nil, lookupFailed(arg, err)
 		}
 		return bd, nil
 	}
@@ -300,7 +300,7 @@ func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevi
 	}
 	bd, err := OpenFile(p, p, ro)
 	if err != nil {
-		return nil, Errorf("Device lookup failed: %s: %v", arg, unwrapPath(err))
+		return nil, lookupFailed(arg, err)
 	}
 	return bd, nil
 }
