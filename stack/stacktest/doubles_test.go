@@ -71,6 +71,9 @@ func TestMemDevice(t *testing.T) {
 	if !bytes.Equal(d.Bytes()[3072:], p) || !bytes.Equal(d.Bytes()[:3072], make([]byte, 3072)) {
 		t.Errorf("Bytes does not show exactly the write")
 	}
+	if c := d.Contents(); !bytes.Equal(c, d.Bytes()) || &c[0] == &d.Bytes()[0] {
+		t.Errorf("Contents is not a copy of the contents")
+	}
 	if err := d.Discard(ctx, 3072, 512); err != nil {
 		t.Fatal(err)
 	}

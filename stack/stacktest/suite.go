@@ -473,8 +473,8 @@ func SegmentOffsets(t testing.TB, typ *stack.TargetType, c Case) {
 	e.settle()
 	for i, m := range e.mems {
 		seg := model[int64(i)*segBytes : int64(i+1)*segBytes]
-		if !bytes.Equal(m.Bytes(), seg) {
-			t.Errorf("segment %d: its device holds other data than was written at the segment's offsets (first difference at segment byte %d)", i, firstDiff(m.Bytes(), seg))
+		if got := m.Contents(); !bytes.Equal(got, seg) {
+			t.Errorf("segment %d: its device holds other data than was written at the segment's offsets (first difference at segment byte %d)", i, firstDiff(got, seg))
 		}
 	}
 	e.read(model, 0)
@@ -540,8 +540,8 @@ func ConcurrentIO(t testing.TB, typ *stack.TargetType, c Case) {
 		e.settle()
 		for i, m := range e.mems {
 			seg := model[int64(i)*segBytes : int64(i+1)*segBytes]
-			if !bytes.Equal(m.Bytes(), seg) {
-				t.Errorf("backing device %d differs from the model at byte %d", i, firstDiff(m.Bytes(), seg))
+			if got := m.Contents(); !bytes.Equal(got, seg) {
+				t.Errorf("backing device %d differs from the model at byte %d", i, firstDiff(got, seg))
 			}
 		}
 	}
