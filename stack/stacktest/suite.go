@@ -148,6 +148,18 @@ func RunRegistry(t *testing.T, reg *stack.Registry) {
 	Suite{}.RunRegistry(t, reg)
 }
 
+// Missing returns the names of the types of reg that Cases does not know, in
+// name order: the types RunRegistry fails for.
+func Missing(reg *stack.Registry) []string {
+	var out []string
+	for _, typ := range reg.Types() {
+		if _, ok := Cases[typ.Name]; !ok {
+			out = append(out, typ.Name)
+		}
+	}
+	return out
+}
+
 // Mount serves the devices of m as files in a folder, as dmfuse's fs
 // layer does, for as long as the test runs, and returns the folder: the
 // device called NAME is the file NAME in it.
