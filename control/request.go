@@ -164,29 +164,6 @@ func DecodeRequest(line []byte) (*Request, error) {
 	return &req, nil
 }
 
-// opFields lists, per operation, which optional fields it accepts and whether
-// it needs a device name ("name": required, "name?": optional).
-var opFields = map[string]string{
-	OpCreate:  "name uuid table dir notable readonly minor",
-	OpLoad:    "name table dir",
-	OpClear:   "name",
-	OpSuspend: "name noflush nolockfs",
-	OpResume:  "name noflush nolockfs",
-	OpRemove:  "name force deferred",
-	OpRename:  "name new_name uuid",
-	OpMessage: "name sector args",
-	OpTable:   "name? inactive concise target",
-	OpStatus:  "name? inactive target",
-	OpInfo:    "name? inactive",
-	OpList:    "",
-	OpTargets: "",
-
-	OpWait:      "name event_nr",
-	OpDeps:      "name? inactive format",
-	OpReport:    "name? inactive",
-	OpRemoveAll: "deferred",
-}
-
 // Validate checks a request's form, everything that can be judged without
 // the devices: a known operation, only the fields that operation takes and
 // those it needs, valid device names and uuids (stack.ValidName,
@@ -196,7 +173,8 @@ var opFields = map[string]string{
 // exists, a name or uuid is free, a table builds, a message has words and
 // its target takes it) is the stack.Manager's to check.
 func (r *Request) Validate() error {
-	spec, ok := opFields[r.Op]
+	o, ok := ops[r.Op]
+	spec := o.fields
 	if !ok {
 		return fmt.Errorf("unknown operation %q", r.Op)
 	}

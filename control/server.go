@@ -249,7 +249,7 @@ func (s *Server) Handle(ctx context.Context, r *Request) *Response {
 	if err := r.Validate(); err != nil {
 		return &Response{Error: err.Error(), Errno: "EINVAL"}
 	}
-	out, err := s.run(ctx, r)
+	out, err := ops[r.Op].run(s, ctx, r)
 	if err != nil {
 		return &Response{Output: out, Error: err.Error(), Errno: errnoName(err)}
 	}
@@ -266,75 +266,6 @@ func errnoName(err error) string {
 		return fmt.Sprintf("errno %d", int(e))
 	}
 	return "EINVAL"
-}
-
-// run carries out a valid request on the manager's devices and returns what
-// it prints.
-func (s *Server) run(ctx context.Context, r *Request) (string, error) {
-	m := s.mgr
-	if out, handled, err := s.runExtra(ctx, r); handled {
-		return out, err
-	}
-	switch r.Op {
-	case OpCreate:
-		minor := -1
-		if r.Minor != nil {
-			minor = int(*r.Minor)
-		}
-		_, err := m.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: minor, ReadOnly: r.ReadOnly,
-			Table: r.Table, NoTable: r.NoTable, Dir: r.Dir})
-		return "", err
-	case OpLoad:
-		return "", m.Load(r.Name, r.Table, r.Dir)
-	case OpClear:
-		return "", m.Clear(r.Name)
-	case OpSuspend:
-		return "", m.Suspend(r.Name, r.NoFlush)
-	case OpResume:
-		return "", m.Resume(r.Name)
-	case OpRemove:
-		if r.Force {
-			return "", m.ForceRemove(r.Name)
-		}
-		return "", m.Remove(r.Name)
-	case OpRename:
-		if r.UUID != "" {
-			return "", m.SetUUID(r.Name, r.UUID)
-		}
-		return "", m.Rename(r.Name, r.NewName)
-	case OpMessage:
-		out, err := m.Message(ctx, r.Name, r.Sector, stack.SplitArgs(strings.Join(r.Args, " ")))
-		if err != nil || out == "" || strings.HasSuffix(out, "\n") {
-			return out, err
-		}
-		return out + "\n", nil
-	case OpTable, OpStatus:
-		st := stack.StatusTable
-		if r.Op == OpStatus {
-			st = stack.StatusInfo
-		}
-		return s.each(r.Name, func(d *stack.Device, prefix string) string {
-			return formatTable(d, st, r.Inactive, prefix)
-		})
-	case OpInfo:
-		return s.each(r.Name, func(d *stack.Device, _ string) string {
-			in := d.Info(r.Inactive)
-			in.OpenCount = m.OpenCount(d)
-			maj, min := m.DevNo(d)
-			return formatInfo(in, maj, min)
-		})
-	case OpList:
-		return formatList(m, m.Devices()), nil
-	case OpTargets:
-		var b strings.Builder
-		for _, t := range m.Registry().Types() {
-			b.WriteString(t.FormatVersion())
-			b.WriteByte('\n')
-		}
-		return b.String(), nil
-	}
-	// Validate admits only the operations above.
-	return "", fmt.Errorf("operation %q has no handler", r.Op)
 }
 
 // each formats one device (name given) or every device with "NAME: "

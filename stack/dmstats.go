@@ -2,21 +2,13 @@ package stack
 
 import "github.com/dmfuse/dmfuse/stats"
 
-// EnableDMStats makes m answer the device-mapper core's dm-stats messages
-// (`@stats_create`, `@stats_delete`, `@stats_clear`, `@stats_list`,
-// `@stats_print`, `@stats_print_clear`, `@stats_set_aux`;
-// drivers/md/dm-stats.c: dm_stats_message) on every device, with the regions
-// kept in the device's stats.Disk. Other `@` words fail with "Unsupported
-// message sent to DM core" (EINVAL), as in dm. Regions live as long as their
-// device: a removed device takes its regions with it, and a new device of the
-// same name starts with none.
-//
-// The histograms of the regions of devices with a live table are also
-// written by metrics.WritePrometheus (so on the daemon's /metrics, see
-// stats.WriteRegionHistograms) until the manager's context ends.
-func EnableDMStats(m *Manager) {
-	m.CoreMessage = DMStatsMessage
-	unregister := stats.RegisterRegionHistograms(func() []stats.Named {
+// RegisterRegionHistograms makes metrics.WritePrometheus (so the daemon's
+// /metrics, see stats.WriteRegionHistograms) write the histograms of the
+// dm-stats regions of m's devices that have a live table, until unregister
+// is called. A manager answers dm-stats' messages when it is built with
+// ManagerOptions.CoreMessage set to DMStatsMessage.
+func RegisterRegionHistograms(m *Manager) (unregister func()) {
+	return stats.RegisterRegionHistograms(func() []stats.Named {
 		var out []stats.Named
 		for _, d := range m.Devices() {
 			if d.Live() != nil {
@@ -25,14 +17,16 @@ func EnableDMStats(m *Manager) {
 		}
 		return out
 	})
-	go func() {
-		<-m.ctx.Done()
-		unregister()
-	}()
 }
 
-// DMStatsMessage handles one dm-stats core message for d (the words start
-// with the message name). A whole-device range (`-`) covers the live table's
+// DMStatsMessage is the ManagerOptions.CoreMessage that answers the
+// device-mapper core's dm-stats messages (`@stats_create`, `@stats_delete`,
+// `@stats_clear`, `@stats_list`, `@stats_print`, `@stats_print_clear`,
+// `@stats_set_aux`; drivers/md/dm-stats.c: dm_stats_message) for d, with the
+// regions kept in d's stats.Disk (the words start with the message name).
+// Other `@` words fail with "Unsupported message sent to DM core" (EINVAL),
+// as in dm. Regions live as long as their device: a removed device takes its
+// regions with it, and a new device of the same name starts with none. A whole-device range (`-`) covers the live table's
 // sectors at the time of the message (1 sector if there is no live table).
 func DMStatsMessage(d *Device, args []string) (string, error) {
 	out, handled, err := d.Disk().StatsMessage(args, uint64(d.Size())/SectorSize)

@@ -20,8 +20,7 @@ func fuzzMessageEnv(t testing.TB, img string) *Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(context.Background(), reg, nil)
-	EnableDMStats(m)
+	m := NewManager(ManagerOptions{Registry: reg, CoreMessage: DMStatsMessage})
 	for _, c := range []struct{ name, table string }{
 		{"dd", "0 32 dust " + img + " 0 512\n32 32 zero\n64 32 linear " + img + " 64\n96 32 flakey " + img + " 128 1 0"},
 		{"p1", "0 64 linear " + img + " 160"},
@@ -60,7 +59,7 @@ func FuzzManagerMessage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, which uint8, sector uint64, text string) {
 		m := fuzzMessageEnv(t, img)
-		defer m.RemoveAll()
+		defer m.Teardown()
 		name := []string{"dd", "mp", "p1"}[int(which)%3]
 		args := SplitArgs(text)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

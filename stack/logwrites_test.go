@@ -916,8 +916,8 @@ func TestLogWritesStacked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := NewManager(ManagerOptions{Registry: reg})
+	defer m.Teardown()
 	mk := func(name, table string) *Device {
 		d, err := m.Create(CreateOptions{Name: name, Minor: -1, Table: table, Dir: dir})
 		if err != nil {
@@ -928,10 +928,10 @@ func TestLogWritesStacked(t *testing.T) {
 	mk("lower", "0 2048 flakey ./data.img 0 1000 0")
 	mk("logdev", "0 2048 linear ./log.img 0")
 	lw := mk("lw", "0 2048 log-writes lower logdev")
-	if err := m.Remove("lower"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("lower", Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("removing the data device under log-writes: %v, want EBUSY", err)
 	}
-	if err := m.Remove("logdev"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("logdev", Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("removing the log device under log-writes: %v, want EBUSY", err)
 	}
 	if _, err := lw.WriteAt(WithFUA(context.Background()), bytes.Repeat([]byte{9}, 4096), 4096); err != nil {
@@ -951,7 +951,7 @@ func TestLogWritesStacked(t *testing.T) {
 	if table != "0 2048 log-writes lower logdev\n" {
 		t.Errorf("table %q", table)
 	}
-	if err := m.Remove("lw"); err != nil {
+	if err := m.Remove("lw", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	log, err := os.ReadFile(filepath.Join(dir, "log.img"))

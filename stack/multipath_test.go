@@ -832,8 +832,8 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := NewManager(context.Background(), reg, nil)
-	defer mgr.RemoveAll()
+	mgr := NewManager(ManagerOptions{Registry: reg})
+	defer mgr.Teardown()
 	p1, err := mgr.Create(CreateOptions{Name: "p1", Minor: -1, Table: "0 2048 linear ./a.img 0", Dir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -876,13 +876,13 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 		t.Errorf("253:99: %v", err)
 	}
 	// Suspended: EBUSY through the manager too.
-	if err := mgr.Suspend("mp", false); err != nil {
+	if err := mgr.Suspend("mp", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := send("reinstate_path", "p1"); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("suspended: %v", err)
 	}
-	if err := mgr.Resume("mp"); err != nil {
+	if err := mgr.Resume("mp", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	// I/O through the device with a failed path reaches a valid one.
@@ -915,8 +915,8 @@ func TestMultipathEscapedPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := NewManager(context.Background(), reg, nil)
-	defer mgr.RemoveAll()
+	mgr := NewManager(ManagerOptions{Registry: reg})
+	defer mgr.Teardown()
 	ea, eb := EscapeArg(a), EscapeArg(b)
 	if !strings.Contains(ea, `\ `) || !strings.Contains(eb, `\\`) || !strings.Contains(eb, "\\\t") {
 		t.Fatalf("test paths not escaped: %q %q", ea, eb)

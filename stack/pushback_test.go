@@ -29,7 +29,7 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := NewManager(context.Background(), reg, nil)
+		m := NewManager(ManagerOptions{Registry: reg})
 		if _, err := m.Create(CreateOptions{Name: "p", Minor: -1, Table: "0 2048 linear ./p.img 0", Dir: dir}); err != nil {
 			t.Fatal(err)
 		}
@@ -55,14 +55,14 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		if err := m.Suspend("mp", noflush); err != nil {
+		if err := m.Suspend("mp", Flags{NoFlush: noflush}); err != nil {
 			t.Fatalf("suspend noflush=%v: %v", noflush, err)
 		}
 		if !noflush {
 			if err := <-done; !errors.Is(err, syscall.EIO) {
 				t.Fatalf("held read after a flush suspend: %v, want EIO", err)
 			}
-			m.RemoveAll()
+			m.Teardown()
 			continue
 		}
 		select {
@@ -70,7 +70,7 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 			t.Fatalf("held read finished during a noflush suspend: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if err := m.Resume("mp"); err != nil {
+		if err := m.Resume("mp", Flags{}); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -90,6 +90,6 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 		if s := mp.Disk().Snapshot(); s.IOs[0] != 1 {
 			t.Errorf("reads counted %d, want 1 (the pushed-back attempts count nothing)", s.IOs[0])
 		}
-		m.RemoveAll()
+		m.Teardown()
 	}
 }

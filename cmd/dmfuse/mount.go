@@ -102,10 +102,10 @@ func (c *MountCmd) Run(g *Globals) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
-	mgr.Memory = reserveMemory
-	stack.EnableDMStats(mgr)
-	defer mgr.RemoveAll()
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: registry(), Context: ctx, Clock: stats.SystemClock,
+		CoreMessage: stack.DMStatsMessage, Memory: reserveMemory})
+	defer stack.RegisterRegionHistograms(mgr)()
+	defer mgr.Teardown()
 
 	text, base, src := defaultConfig, "", "default set"
 	if c.Config != "" {
@@ -219,7 +219,7 @@ func createAll(mgr *stack.Manager, text, base string) error {
 	for _, d := range devs {
 		_, err := mgr.Create(stack.CreateOptions{Name: d.Name, UUID: d.UUID, Minor: d.Minor, ReadOnly: d.ReadOnly, Table: d.Table, Dir: base})
 		if err != nil {
-			mgr.RemoveAll()
+			mgr.Teardown()
 			return fmt.Errorf("line %d: %w", d.Line, err)
 		}
 	}

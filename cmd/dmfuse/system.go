@@ -278,10 +278,10 @@ func (c *DaemonCmd) Run() error {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
-	mgr.Memory = reserveMemory
-	stack.EnableDMStats(mgr)
-	defer mgr.RemoveAll()
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: registry(), Context: ctx, Clock: stats.SystemClock,
+		CoreMessage: stack.DMStatsMessage, Memory: reserveMemory})
+	defer stack.RegisterRegionHistograms(mgr)()
+	defer mgr.Teardown()
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -300,9 +300,7 @@ func (c *DaemonCmd) Run() error {
 		srv.Unmount()
 		return err
 	}
-	fsChanged, fsRemoved := mgr.OnChange, mgr.OnRemove
-	mgr.OnChange = func(d *stack.Device) { fsChanged(d); loops.Changed(d) }
-	mgr.OnRemove = func(d *stack.Device) { loops.Removed(d); fsRemoved(d) }
+	mgr.Subscribe(loops.Listener())
 	mgr.SetExporter(loops)
 
 	// The socket comes last: a command that can connect finds the daemon
@@ -332,7 +330,7 @@ func (c *DaemonCmd) Run() error {
 		case <-done:
 			return nil
 		case sig := <-sigs:
-			if left := mgr.RemoveUnused(false); len(left) > 0 {
+			if left := mgr.RemoveAll(stack.Flags{}); len(left) > 0 {
 				logf("%v: devices still in use, still serving: %s", sig, strings.Join(left, ", "))
 				continue
 			}

@@ -105,6 +105,14 @@ func (l *Loops) Users(d *stack.Device) (int32, int32) {
 	return e.loop.users(), 1
 }
 
+// Listener is what the exporter subscribes to its manager with
+// (stack.Manager.Subscribe), after the fs layer: a device's loop device is
+// attached after its file shows the new table, and detached before the
+// file goes.
+func (l *Loops) Listener() stack.Listener {
+	return stack.Listener{OnChange: l.Changed, OnRemove: l.Removed}
+}
+
 // BlockDevice returns the loop device d is exported as ("" if none).
 func (l *Loops) BlockDevice(d *stack.Device) string {
 	l.mu.Lock()
@@ -115,8 +123,8 @@ func (l *Loops) BlockDevice(d *stack.Device) string {
 	return ""
 }
 
-// Changed follows a change of d's live table or name (the manager's
-// OnChange): the first live table attaches a loop device and makes the
+// Changed follows a change of d's live table or name (OnChange of
+// Listener): the first live table attaches a loop device and makes the
 // node, a new size is passed to the loop device, a new name renames the
 // node, a new read-only mode sets the loop device's.
 func (l *Loops) Changed(d *stack.Device) {
@@ -172,8 +180,8 @@ func blockSize(f *os.File) (uint64, error) {
 	return unix.IoctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64)
 }
 
-// Removed detaches d's loop device and removes its node (the manager's
-// OnRemove). A file system still frozen is thawed first.
+// Removed detaches d's loop device and removes its node (OnRemove of
+// Listener). A file system still frozen is thawed first.
 func (l *Loops) Removed(d *stack.Device) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
