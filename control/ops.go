@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 
 	"github.com/dmfuse/dmfuse/stack"
@@ -75,6 +76,16 @@ var ops = map[string]op{
 	}},
 	OpTargets: {"", (*Server).runTargets},
 	OpDeps:    {"name? inactive format", (*Server).runDeps},
+	OpStop: {"force", func(s *Server, _ context.Context, r *Request) (string, error) {
+		if s.stop == nil {
+			return "", errors.New("this daemon does not stop on request")
+		}
+		if err := s.stop(r.Force); err != nil {
+			return "", err
+		}
+		s.StopAccepting()
+		return "", nil
+	}},
 	OpReport: {"name? inactive", func(s *Server, _ context.Context, r *Request) (string, error) {
 		devs, err := s.runReport(r)
 		if err != nil {

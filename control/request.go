@@ -41,13 +41,17 @@ const (
 	OpReport = "report"
 	// OpRemoveAll removes every device that is not in use.
 	OpRemoveAll = "remove_all"
+	// OpStop stops the daemon (`dmfuse stop`): it answers once the daemon
+	// is sure to exit, or says why it cannot. With Force it tears down
+	// what keeps it from stopping.
+	OpStop = "stop"
 )
 
 // Request is one control command, as the client sends it.
 type Request struct {
 	// Op is the command: create, load, clear, suspend, resume, remove,
 	// remove_all, rename, message, table, status, info, ls, targets, wait,
-	// deps or report.
+	// deps, report or stop.
 	Op string `json:"op"`
 	// Name is the device the command acts on; table, status and info accept
 	// none (every device).
@@ -72,7 +76,7 @@ type Request struct {
 	// NoLockFS is suspend (or resume) --nolockfs: do not freeze the file
 	// system on the device's block device.
 	NoLockFS bool `json:"nolockfs,omitempty"`
-	// Force is remove --force.
+	// Force is remove --force, or stop --force.
 	Force bool `json:"force,omitempty"`
 	// Deferred is remove (or remove_all) --deferred: a device in use is
 	// removed once its last user is gone.

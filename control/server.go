@@ -47,12 +47,16 @@ type Server struct {
 	// uid is the user, besides root, whose clients may send commands: the
 	// daemon's effective uid.
 	uid uint32
+	// stop stops the daemon (OnStop).
+	stop func(force bool) error
 
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 	closed bool
-	wg     sync.WaitGroup
+	// draining is set once a stop succeeded: the listener is closed.
+	draining bool
+	wg       sync.WaitGroup
 	// tokens and last are the rate limiter's bucket (Rate per second, up
 	// to Rate) and the time it was last filled.
 	tokens float64
@@ -66,6 +70,25 @@ func NewServer(ctx context.Context, m *stack.Manager) *Server {
 	waits, stopWaits := context.WithCancel(ctx)
 	return &Server{mgr: m, ctx: ctx, cancel: cancel, waits: waits, stopWaits: stopWaits, conns: map[net.Conn]struct{}{},
 		uid: uint32(os.Geteuid()), tokens: Rate, last: time.Now()}
+}
+
+// OnStop makes the request stop call f, the daemon's way to stop, with the
+// request's force; set it before Serve. f returns nil once the daemon is
+// sure to exit, and then the server stops accepting connections (the
+// requests accepted already are answered); an error is the answer of the
+// stop request, and the server goes on. Without f, stop fails.
+func (s *Server) OnStop(f func(force bool) error) { s.stop = f }
+
+// StopAccepting closes the listener, which removes the socket file, and
+// lets Serve return; connections already accepted are served. A daemon
+// calls it once it is sure to exit.
+func (s *Server) StopAccepting() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.draining = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
 }
 
 // refusal says why a new connection is not served ("" if it is), with the
@@ -141,7 +164,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		c, err := ln.Accept()
 		if err != nil {
 			s.mu.Lock()
-			closed := s.closed
+			closed := s.closed || s.draining
 			s.mu.Unlock()
 			if closed {
 				return nil

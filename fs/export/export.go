@@ -261,7 +261,7 @@ func (l *Loops) Freeze(d *stack.Device) error {
 	if e == nil {
 		return nil
 	}
-	mounts := mountsOf(e.loop.rdev)
+	mounts := MountsOf(e.loop.rdev)
 	if len(mounts) == 0 {
 		f, err := os.OpenFile(e.loop.path, os.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -318,7 +318,7 @@ func (l *Loops) thawLocked(e *export) {
 // returns one line per thing it did.
 func Cleanup(mount, mapper, state string) []string {
 	var did []string
-	loops := loopsBackedUnder(mount)
+	loops := LoopsUnder(mount)
 	if b, err := os.ReadFile(state); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			f := strings.Fields(line)
@@ -337,33 +337,19 @@ func Cleanup(mount, mapper, state string) []string {
 		os.Remove(state)
 	}
 	for _, lp := range loops {
-		for _, m := range mountsOf(lp.rdev) {
+		for _, m := range MountsOf(lp.Rdev) {
 			if unix.Unmount(m, unix.MNT_DETACH) == nil {
-				did = append(did, fmt.Sprintf("unmounted %s (on %s)", m, lp.path))
+				did = append(did, fmt.Sprintf("unmounted %s (on %s)", m, lp.Path))
 			}
 		}
-		if err := detachLoop(lp.path); err == nil {
-			did = append(did, "detached "+lp.path)
+		if err := detachLoop(lp.Path); err == nil {
+			did = append(did, "detached "+lp.Path)
 		}
 	}
-	if mounted(mount) {
+	if Mounted(mount) {
 		if err := unix.Unmount(mount, unix.MNT_DETACH); err == nil {
 			did = append(did, "unmounted "+mount)
 		}
 	}
 	return did
-}
-
-// mounted reports whether dir is a mount point.
-func mounted(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && unescapeMount(f[4]) == dir {
-			return true
-		}
-	}
-	return false
 }
