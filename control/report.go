@@ -164,45 +164,20 @@ func formatDeps(rep DeviceReport, format, prefix string) string {
 	return b.String()
 }
 
-// quoteConcise escapes `,`, `;` and `\` with a backslash, as dmsetup's
-// _print_string_quoted.
-func quoteConcise(s string) string {
-	if !strings.ContainsAny(s, ",;\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == ',' || c == ';' || c == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// formatConcise prints devices as dmsetup table --concise does: one line,
-// devices separated by `;`, each `name,uuid,minor,rw|ro` then
-// `,<start> <len> <type> <params>` per line of its live table, with `,;\`
-// escaped.
+// formatConcise prints devices as dmsetup table --concise does
+// (stack.FormatConcise): their live tables, only the lines of type target
+// if it is set.
 func formatConcise(devs []*stack.Device, target string) string {
-	var b strings.Builder
+	cds := make([]stack.ConfigDevice, len(devs))
 	for i, d := range devs {
-		if i > 0 {
-			b.WriteByte(';')
-		}
 		in := d.Info(false)
-		flags := "rw"
-		if in.ReadOnly {
-			flags = "ro"
-		}
-		fmt.Fprintf(&b, "%s,%s,%d,%s", quoteConcise(in.Name), quoteConcise(in.UUID), in.Minor, flags)
-		for _, l := range tableLines(d, stack.StatusTable, false, target) {
-			b.WriteByte(',')
-			b.WriteString(quoteConcise(l))
+		lines := tableLines(d, stack.StatusTable, false, target)
+		cds[i] = stack.ConfigDevice{Name: in.Name, UUID: in.UUID, Minor: int(in.Minor), ReadOnly: in.ReadOnly}
+		if len(lines) > 0 {
+			cds[i].Table = strings.Join(lines, "\n") + "\n"
 		}
 	}
-	b.WriteByte('\n')
-	return b.String()
+	return stack.FormatConcise(cds)
 }
 
 // tableLines returns the lines (without newlines) of d's live or inactive
