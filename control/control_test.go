@@ -47,7 +47,7 @@ func newCtlEnv(t *testing.T) *ctlEnv {
 		return e.core(d, args)
 	}})
 	e.mgr, e.srv = m, NewServer(context.Background(), m)
-	t.Cleanup(func() { e.srv.Close(); m.Teardown() })
+	t.Cleanup(func() { e.srv.Close(); m.Close() })
 	return e
 }
 

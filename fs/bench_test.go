@@ -8,8 +8,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 const benchSectors = 32768 // 16 MiB
@@ -40,8 +40,8 @@ func benchNode(b *testing.B, table string) *devNode {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: stats.SystemClock})
-	b.Cleanup(m.Teardown)
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: clock.System})
+	b.Cleanup(func() { m.Close() })
 	text := fmt.Sprintf(table, benchSectors, f.Name())
 	d, err := m.Create(stack.CreateOptions{Name: "bench", Minor: -1, Table: text})
 	if err != nil {

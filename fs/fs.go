@@ -405,7 +405,7 @@ var fuaCtx = stack.WithFUA(ioCtx)
 // ioContext returns the context of the device I/O of the request whose
 // go-fuse context is ctx: ioCtx, or fuaCtx for a write rawFS marked. On the
 // io_uring transport it is the ring entry's copy of one of them, which also
-// carries the request's stack.Waiter (the io_uring transport marks durable
+// carries the request's hints.Waiter (the io_uring transport marks durable
 // writes itself) and, with Options.Interruptible, ends when the request is
 // interrupted. On /dev/fuse with Options.Interruptible it is go-fuse's
 // context, which ends when the request is interrupted, except for writes

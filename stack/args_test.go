@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // TestArgsNumberRules checks the argument readers against the kernel's rules:
@@ -79,7 +79,7 @@ func TestTargetNumberRules(t *testing.T) {
 	dev := NewMemDevice("8:16", 8192*SectorSize)
 	dev2 := NewMemDevice("8:32", 8192*SectorSize)
 	ctor := func(length int64) *Ctor {
-		return &Ctor{Len: length, Clock: &selectors.ManualClock{}, Context: context.Background(),
+		return &Ctor{Len: length, Clock: &clock.Manual{}, Context: context.Background(),
 			Open: func(arg string) (BlockDevice, error) {
 				for _, d := range []*MemDevice{dev, dev2} {
 					if d.Name() == arg {
@@ -150,7 +150,7 @@ func TestTargetNumberRules(t *testing.T) {
 // numbers with sscanf "%u%c".
 func TestMessageNumberRules(t *testing.T) {
 	dev := NewMemDevice("8:16", 8192*SectorSize)
-	c := &Ctor{Len: 2048, Clock: &selectors.ManualClock{}, Context: context.Background(),
+	c := &Ctor{Len: 2048, Clock: &clock.Manual{}, Context: context.Background(),
 		Open: func(string) (BlockDevice, error) { return dev, nil }}
 	tg, err := Dust.New(c, SplitArgs("8:16 0 512"))
 	if err != nil {

@@ -75,7 +75,7 @@ func newExportManager(t *testing.T) (*Manager, *fakeExporter) {
 	m := NewManager(ManagerOptions{Registry: reg, Context: ctx})
 	e := &fakeExporter{m: m, users: map[string]int32{}}
 	m.SetExporter(e)
-	t.Cleanup(func() { m.Teardown(); cancel() })
+	t.Cleanup(func() { m.Close(); cancel() })
 	return m, e
 }
 

@@ -1,14 +1,18 @@
 package stack
 
-import "github.com/dmfuse/dmfuse/stats"
+import (
+	"github.com/VictoriaMetrics/metrics"
 
-// RegisterRegionHistograms makes metrics.WritePrometheus (so the daemon's
-// /metrics, see stats.WriteRegionHistograms) write the histograms of the
-// dm-stats regions of m's devices that have a live table, until unregister
-// is called. A manager answers dm-stats' messages when it is built with
+	"github.com/dmfuse/dmfuse/stats"
+)
+
+// RegionHistograms returns the metric set of the histograms of the dm-stats
+// regions of m's devices that have a live table (stats.RegionHistograms),
+// which the daemon registers (metrics.RegisterSet) to serve them on its
+// /metrics. A manager answers dm-stats' messages when it is built with
 // ManagerOptions.CoreMessage set to DMStatsMessage.
-func RegisterRegionHistograms(m *Manager) (unregister func()) {
-	return stats.RegisterRegionHistograms(func() []stats.Named {
+func RegionHistograms(m *Manager) *metrics.Set {
+	return stats.RegionHistograms(func() []stats.Named {
 		var out []stats.Named
 		for _, d := range m.Devices() {
 			if d.Live() != nil {
@@ -26,8 +30,9 @@ func RegisterRegionHistograms(m *Manager) (unregister func()) {
 // regions kept in d's stats.Disk (the words start with the message name).
 // Other `@` words fail with "Unsupported message sent to DM core" (EINVAL),
 // as in dm. Regions live as long as their device: a removed device takes its
-// regions with it, and a new device of the same name starts with none. A whole-device range (`-`) covers the live table's
-// sectors at the time of the message (1 sector if there is no live table).
+// regions with it, and a new device of the same name starts with none. A
+// whole-device range (`-`) covers the live table's sectors at the time of
+// the message (1 sector if there is no live table).
 func DMStatsMessage(d *Device, args []string) (string, error) {
 	out, handled, err := d.Disk().StatsMessage(args, uint64(d.Size())/SectorSize)
 	if !handled {

@@ -1,6 +1,10 @@
 package stack
 
-import "context"
+import (
+	"context"
+
+	"github.com/dmfuse/dmfuse/stats"
+)
 
 // Error fails every I/O with EIO. It is a wildcard type: it may replace an
 // immutable type (multipath) on reload.
@@ -42,17 +46,17 @@ func newError(c *Ctor, args []string) (Target, error) {
 func (errorTarget) AccountsAtMap() {}
 
 func (errorTarget) ReadAt(context.Context, []byte, int64) (int, error) {
-	return 0, errorErrs.of(OpRead)
+	return 0, errorErrs.of(stats.Read)
 }
 
 func (errorTarget) WriteAt(context.Context, []byte, int64) (int, error) {
-	return 0, errorErrs.of(OpWrite)
+	return 0, errorErrs.of(stats.Write)
 }
 
 // Discard fails with EIO rather than "not supported": io_err_ctr sets
 // num_discard_bios and discards_supported. The target takes no
 // write-zeroes, so ZERO_RANGE reaches it as writes, which fail too.
-func (errorTarget) Discard(context.Context, int64, int64) error { return errorErrs.of(OpDiscard) }
+func (errorTarget) Discard(context.Context, int64, int64) error { return errorErrs.of(stats.Discard) }
 
 // OwnsDiscards marks that discards fail here whatever the device takes.
 func (errorTarget) OwnsDiscards() {}

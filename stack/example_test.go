@@ -102,7 +102,7 @@ func ExampleManager_Load() {
 	}
 	mem := stacktest.NewMemDevice("mem0", 4096*stack.SectorSize)
 	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Context: ctx, Open: stacktest.Opener{"mem0": mem}.Open})
-	defer m.Teardown()
+	defer m.Close()
 
 	d, err := m.Create(stack.CreateOptions{Name: "vol", Minor: -1, Table: "0 2048 linear mem0 0"})
 	if err != nil {

@@ -59,7 +59,7 @@ func FuzzManagerMessage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, which uint8, sector uint64, text string) {
 		m := fuzzMessageEnv(t, img)
-		defer m.Teardown()
+		defer m.Close()
 		name := []string{"dd", "mp", "p1"}[int(which)%3]
 		args := SplitArgs(text)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -149,7 +150,7 @@ func TestTargetLimits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tb, err := Build(lines, BuildOptions{Registry: reg, Clock: stats.SystemClock, Context: context.Background(),
+		tb, err := Build(lines, BuildOptions{Registry: reg, Clock: clock.System, Context: context.Background(),
 			Open: func(arg string) (BlockDevice, error) { return devs[arg], nil }})
 		if err != nil {
 			t.Fatalf("%q: %v", text, err)
@@ -196,7 +197,7 @@ func TestTargetLimits(t *testing.T) {
 func TestStackedLimits(t *testing.T) {
 	reg, _ := NewRegistry(Linear, Zero)
 	m := NewManager(ManagerOptions{Registry: reg})
-	defer m.Teardown()
+	defer m.Close()
 	for _, c := range []CreateOptions{
 		{Name: "z", Minor: -1, Table: "0 2048 zero"},
 		{Name: "l", Minor: -1, Table: "0 2048 linear z 0"},

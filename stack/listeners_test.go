@@ -14,7 +14,7 @@ func TestListeners(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := NewManager(ManagerOptions{Registry: reg})
-	defer m.Teardown()
+	defer m.Close()
 	var got []string
 	listen := func(who string) Listener {
 		return Listener{

@@ -917,7 +917,7 @@ func TestLogWritesStacked(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := NewManager(ManagerOptions{Registry: reg})
-	defer m.Teardown()
+	defer m.Close()
 	mk := func(name, table string) *Device {
 		d, err := m.Create(CreateOptions{Name: name, Minor: -1, Table: table, Dir: dir})
 		if err != nil {

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // Major is the major number dmfuse devices report, as device-mapper's.
@@ -46,6 +46,9 @@ type Manager struct {
 	core   func(d *Device, args []string) (string, error)
 	open   func(arg string) (BlockDevice, error)
 	memory func(n int64)
+
+	// shared holds what the targets share (Ctor.Shared); Close closes it.
+	shared SharedSet
 
 	// graph serialises building and installing tables, so that two
 	// concurrent loads cannot make devices stack on each other in a loop. It
@@ -102,7 +105,7 @@ func NewManager(o ManagerOptions) *Manager {
 		panic("stack.NewManager: no Registry")
 	}
 	if o.Clock == nil {
-		o.Clock = stats.SystemClock
+		o.Clock = clock.System
 	}
 	if o.Context == nil {
 		o.Context = context.Background()
@@ -256,7 +259,7 @@ func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, e
 		open = func(arg string) (BlockDevice, error) { return m.openArg(d, arg, ro, dir) }
 	}
 	return Build(lines, BuildOptions{
-		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.memory,
+		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.memory, Shared: &m.shared,
 		Open: open,
 	})
 }
@@ -524,7 +527,7 @@ func (m *Manager) removeWith(name string, o Flags, onlyDeferred bool) error {
 	if force {
 		if live := d.Live(); live != nil {
 			t, err := Build([]Line{{N: 1, Start: 0, Len: uint64(live.Sectors()), Type: Error.Name}},
-				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.memory})
+				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.memory, Shared: &m.shared})
 			if err == nil {
 				d.loadLocked(t)
 				swapped, err = d.resumeLocked()
@@ -702,9 +705,9 @@ func (m *Manager) Message(ctx context.Context, name string, sector uint64, args 
 	return out, nil
 }
 
-// Teardown removes every device, upper devices before the ones they stack
-// on, ignoring open handles (daemon shutdown). Listeners are not told.
-func (m *Manager) Teardown() {
+// teardown removes every device, upper devices before the ones they stack
+// on, ignoring open handles (Close). Listeners are not told.
+func (m *Manager) teardown() {
 	for {
 		devs := m.Devices()
 		if len(devs) == 0 {

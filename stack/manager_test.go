@@ -60,7 +60,7 @@ func TestMessageWithoutLiveTable(t *testing.T) {
 		core = append(core, d.Name()+" "+strings.Join(args, " "))
 		return "0", nil
 	}})
-	defer m.Teardown()
+	defer m.Close()
 	ctx := context.Background()
 	if _, err := m.Create(CreateOptions{Name: "d", Minor: -1, NoTable: true}); err != nil {
 		t.Fatal(err)

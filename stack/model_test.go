@@ -336,7 +336,7 @@ func runModel(t *testing.T, seed uint64) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	m.mgr = stack.NewManager(stack.ManagerOptions{Registry: modelRegistry(t), Context: ctx})
-	t.Cleanup(m.mgr.Teardown)
+	t.Cleanup(func() { m.mgr.Close() })
 
 	size := int64(256 + m.rng.IntN(2048))
 	top := m.genDevice(size, 2)
@@ -405,9 +405,9 @@ func runModel(t *testing.T, seed uint64) {
 
 	// The data is on the backing files: the same stack, built again by a new
 	// manager after the first one removed everything, reads the same bytes.
-	m.mgr.Teardown()
+	m.mgr.Close()
 	m.mgr = stack.NewManager(stack.ManagerOptions{Registry: modelRegistry(t), Context: ctx})
-	t.Cleanup(m.mgr.Teardown)
+	t.Cleanup(func() { m.mgr.Close() })
 	for _, d := range m.devs {
 		text := m.table(d, true)
 		if _, err := m.mgr.Create(stack.CreateOptions{Name: d.name, Minor: -1, Table: text, Dir: dir}); err != nil {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/selectors"
 )
 
@@ -39,7 +40,7 @@ const mpMaxArgs = 1024
 
 // multipath is one constructed multipath target (dm-mpath's struct multipath).
 type multipath struct {
-	clock  selectors.Clock
+	clock  clock.Clock
 	event  func()
 	logger *log.Logger
 
@@ -150,7 +151,7 @@ func mpErr(kernel, format string, a ...any) error {
 // argument that resolves to the path's device, or the escaped form that table
 // and status print.
 func newMultipath(c *Ctor, args []string) (Target, error) {
-	m := &multipath{clock: selectors.SystemClock, event: c.Event, logger: log.Default()}
+	m := &multipath{clock: clock.System, event: c.Event, logger: log.Default()}
 	if c.Clock != nil {
 		m.clock = c.Clock
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 	"golang.org/x/sys/unix"
 )
 

@@ -16,8 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 	"github.com/dmfuse/dmfuse/selectors"
-	"github.com/dmfuse/dmfuse/stack/dmarg"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -85,7 +86,7 @@ type mpFixture struct {
 	m      *multipath
 	devs   map[string]*mpDev
 	events atomic.Int64
-	clock  *selectors.ManualClock
+	clock  *clock.Manual
 }
 
 func newMP(t testing.TB, params string) *mpFixture {
@@ -98,7 +99,7 @@ func newMP(t testing.TB, params string) *mpFixture {
 }
 
 func tryMP(params string) (*mpFixture, error) {
-	f := &mpFixture{devs: map[string]*mpDev{}, clock: &selectors.ManualClock{}}
+	f := &mpFixture{devs: map[string]*mpDev{}, clock: &clock.Manual{}}
 	f.clock.Set(1e9)
 	for _, n := range []string{"8:16", "8:32", "8:48"} {
 		f.devs[n] = newMPDev(n)
@@ -350,7 +351,7 @@ func TestMultipathTableRules(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		return Build(lines, BuildOptions{Registry: reg, Clock: stats.SystemClock, Context: context.Background(), Previous: prev,
+		return Build(lines, BuildOptions{Registry: reg, Clock: clock.System, Context: context.Background(), Previous: prev,
 			Open: func(arg string) (BlockDevice, error) {
 				if d, ok := devs[arg]; ok {
 					return d, nil
@@ -752,7 +753,7 @@ func TestMultipathConcurrentFailover(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			f := newMP(t, "1 queue_if_no_path 0 1 1 "+sel)
 			f.clock = nil
-			f.m.clock = selectors.SystemClock
+			f.m.clock = clock.System
 			// Both paths see the same storage, as multipath paths do.
 			shared := f.devs["8:16"].MemDevice
 			f.devs["8:32"].MemDevice = shared
@@ -833,7 +834,7 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 		t.Fatal(err)
 	}
 	mgr := NewManager(ManagerOptions{Registry: reg})
-	defer mgr.Teardown()
+	defer mgr.Close()
 	p1, err := mgr.Create(CreateOptions{Name: "p1", Minor: -1, Table: "0 2048 linear ./a.img 0", Dir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -916,7 +917,7 @@ func TestMultipathEscapedPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	mgr := NewManager(ManagerOptions{Registry: reg})
-	defer mgr.Teardown()
+	defer mgr.Close()
 	ea, eb := EscapeArg(a), EscapeArg(b)
 	if !strings.Contains(ea, `\ `) || !strings.Contains(eb, `\\`) || !strings.Contains(eb, "\\\t") {
 		t.Fatalf("test paths not escaped: %q %q", ea, eb)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/delay"
+	"github.com/dmfuse/dmfuse/internal/hints"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/logwrites"
 )
@@ -913,7 +914,7 @@ func TestPowercutUnderMultipath(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
-	defer m.Teardown()
+	defer m.Close()
 	for _, c := range []struct{ name, table string }{
 		{"slow", "0 2048 delay " + img + " 0 0 " + img + " 0 1"},
 		{"pc", "0 2048 powercut slow 0"},
@@ -1304,7 +1305,7 @@ func pcLogStack(t *testing.T, tables ...[2]string) (m *stack.Manager, img, logIm
 		t.Fatal(err)
 	}
 	m = stack.NewManager(stack.ManagerOptions{Registry: reg})
-	t.Cleanup(func() { m.Teardown() })
+	t.Cleanup(func() { m.Close() })
 	for _, c := range tables {
 		table := strings.NewReplacer("IMG", img, "LOG", logImg).Replace(c[1])
 		if _, err := m.Create(stack.CreateOptions{Name: c[0], Minor: -1, Table: table}); err != nil {
@@ -1481,7 +1482,7 @@ func TestPowercutMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Memory: func(n int64) { held += n }})
-	defer m.Teardown()
+	defer m.Close()
 	if _, err := m.Create(stack.CreateOptions{Name: "pc", Minor: -1, Table: "0 2048 powercut " + img + " 0 2 cache_sectors 1024"}); err != nil {
 		t.Fatal(err)
 	}
@@ -1530,7 +1531,7 @@ func BenchmarkPowercutFull(b *testing.B) {
 	}
 }
 
-// pcWaiter counts the calls of stack.Waiting on its requests.
+// pcWaiter counts the calls of hints.Waiting on its requests.
 type pcWaiter struct{ n atomic.Int32 }
 
 func (w *pcWaiter) Waiting() { w.n.Add(1) }
@@ -1559,7 +1560,7 @@ func TestPowercutWaiting(t *testing.T) {
 	dev := &pcGateDev{MemDevice: stack.NewMemDevice("mem", 64<<20), held: make(chan struct{}), release: make(chan struct{})}
 	pc := newPC(t, dev, "")
 	var w pcWaiter
-	ctx := stack.WithWaiter(context.Background(), &w)
+	ctx := hints.WithWaiter(context.Background(), &w)
 	flush := pc.Target.(stack.Flusher).Flush
 	writes := func(ctx context.Context, n int) {
 		t.Helper()
@@ -1665,11 +1666,11 @@ func TestPowercutWriteAround(t *testing.T) {
 	over := fill(0xb0, 4096)
 	copy(want[4096:], over)
 	var w pcWaiter
-	wg.Go(func() { pc.WriteAt(stack.WithWaiter(context.Background(), &w), over, 4096) }) // overlaps a cached entry: waits
+	wg.Go(func() { pc.WriteAt(hints.WithWaiter(context.Background(), &w), over, 4096) }) // overlaps a cached entry: waits
 	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			close(dev.release)
-			t.Fatal("a write waiting for room did not tell its transport (stack.Waiting)")
+			t.Fatal("a write waiting for room did not tell its transport (hints.Waiting)")
 		}
 	}
 	close(dev.release)

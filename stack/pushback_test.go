@@ -62,7 +62,7 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 			if err := <-done; !errors.Is(err, syscall.EIO) {
 				t.Fatalf("held read after a flush suspend: %v, want EIO", err)
 			}
-			m.Teardown()
+			m.Close()
 			continue
 		}
 		select {
@@ -90,6 +90,6 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 		if s := mp.Disk().Snapshot(); s.IOs[0] != 1 {
 			t.Errorf("reads counted %d, want 1 (the pushed-back attempts count nothing)", s.IOs[0])
 		}
-		m.Teardown()
+		m.Close()
 	}
 }

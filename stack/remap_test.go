@@ -20,7 +20,7 @@ func TestEscapedPathsLoadAgain(t *testing.T) {
 	esc := strings.ReplaceAll(img, " ", `\ `)
 	reg, _ := NewRegistry(Linear, Striped, Zero, Error, Flakey, Dust)
 	m := NewManager(ManagerOptions{Registry: reg})
-	defer m.Teardown()
+	defer m.Close()
 	for _, tc := range []struct{ table, want string }{
 		{`0 2048 linear ./a\ b.img 0`, "0 2048 linear " + esc + " 0\n"},
 		{`0 2048 striped 2 8 ./a\ b.img 0 ./a\ b.img 1024`, "0 2048 striped 2 8 " + esc + " 0 " + esc + " 1024\n"},

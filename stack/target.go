@@ -7,7 +7,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stack/clock"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // SectorSize is the size of a device-mapper sector in bytes. Every start, length
@@ -228,6 +228,9 @@ type Ctor struct {
 	// keeps data in memory calls it from its constructor, once it cannot
 	// fail, and gives the bytes back in Close.
 	Memory func(n int64)
+	// Shared holds the objects the targets of the Manager share (nil when
+	// the table is built without a Manager: nothing is shared).
+	Shared *SharedSet
 }
 
 // Clock returns monotonic nanoseconds (clock.Clock). Targets whose behaviour

@@ -16,8 +16,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 )
@@ -85,10 +87,12 @@ func runDaemon(o daemonOptions) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(stack.ManagerOptions{Registry: registry(), Context: ctx, Clock: stats.SystemClock,
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: registry(), Context: ctx, Clock: clock.System,
 		CoreMessage: stack.DMStatsMessage, Memory: reserveMemory})
-	defer stack.RegisterRegionHistograms(mgr)()
-	defer mgr.Teardown()
+	dmstats := stack.RegionHistograms(mgr)
+	metrics.RegisterSet(dmstats)
+	defer metrics.UnregisterSet(dmstats, true)
+	defer mgr.Close()
 	if o.devices != nil {
 		if err := o.devices(mgr); err != nil {
 			return err
@@ -117,6 +121,7 @@ func runDaemon(o daemonOptions) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", o.mount, err)
 	}
+	raiseProcs(delay.SchedulerProcs + srv.Procs())
 	d := &daemon{o: o, mgr: mgr, srv: srv, forced: make(chan struct{})}
 	if o.export != nil {
 		if d.loops, err = export.New(mgr, o.mount, o.export.mapper, o.export.state, o.logf); err != nil {

@@ -141,7 +141,7 @@ func createAll(mgr *stack.Manager, text, base string) error {
 	for _, d := range devs {
 		_, err := mgr.Create(stack.CreateOptions{Name: d.Name, UUID: d.UUID, Minor: d.Minor, ReadOnly: d.ReadOnly, Table: d.Table, Dir: base})
 		if err != nil {
-			mgr.Teardown()
+			mgr.Close()
 			return fmt.Errorf("line %d: %w", d.Line, err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dmfuse/dmfuse/internal/getopt"
 	"github.com/dmfuse/dmfuse/stack/logwrites"
 )
 
@@ -64,26 +65,26 @@ const (
 	optJSON
 )
 
-var replayLogOptions = []longOpt{
-	{name: "next-flush"},
-	{name: "next-fua"},
-	{name: "start-entry", hasArg: true},
-	{name: "end-mark", hasArg: true},
-	{name: "log", hasArg: true},
-	{name: "replay", hasArg: true},
-	{name: "limit", hasArg: true},
-	{name: "verbose", val: 'v'},
-	{name: "find"},
-	{name: "num-entries"},
-	{name: "no-discard"},
-	{name: "fsck", hasArg: true},
-	{name: "check", hasArg: true},
-	{name: "start-mark", hasArg: true},
-	{name: "start-sector", hasArg: true},
-	{name: "end-sector", hasArg: true},
-	{name: "each", hasArg: true},
-	{name: "each-from", hasArg: true},
-	{name: "json"},
+var replayLogOptions = []getopt.Option{
+	{Name: "next-flush"},
+	{Name: "next-fua"},
+	{Name: "start-entry", HasArg: true},
+	{Name: "end-mark", HasArg: true},
+	{Name: "log", HasArg: true},
+	{Name: "replay", HasArg: true},
+	{Name: "limit", HasArg: true},
+	{Name: "verbose", Val: 'v'},
+	{Name: "find"},
+	{Name: "num-entries"},
+	{Name: "no-discard"},
+	{Name: "fsck", HasArg: true},
+	{Name: "check", HasArg: true},
+	{Name: "start-mark", HasArg: true},
+	{Name: "start-sector", HasArg: true},
+	{Name: "end-sector", HasArg: true},
+	{Name: "each", HasArg: true},
+	{Name: "each-from", HasArg: true},
+	{Name: "json"},
 }
 
 // replayLogUsage is replay-log's usage text (its typos and its
@@ -238,7 +239,7 @@ func (rl *rlog) usage() {
 // does (a bad number ends the program at once).
 func (rl *rlog) parse(args []string) {
 	_, posix := os.LookupEnv("POSIXLY_CORRECT")
-	g := &getopt{prog: rl.prog, args: args, shorts: "v", longs: replayLogOptions, posix: posix, errw: rl.errw}
+	g := &getopt.Parser{Prog: rl.prog, Args: args, Shorts: "v", Longs: replayLogOptions, Posix: posix}
 	number := func(s, what string) uint64 {
 		v, ok := strtoull(s)
 		if !ok {
@@ -253,35 +254,36 @@ func (rl *rlog) parse(args []string) {
 		return &s
 	}
 	for {
-		o, ok, bad := g.next()
-		if bad {
+		o, ok, err := g.Next()
+		if err != nil {
+			fmt.Fprintln(rl.errw, err)
 			rl.usage()
 		}
 		if !ok {
 			return
 		}
-		if o.short == 'v' {
+		if o.Val == 'v' {
 			rl.verbose++
 			continue
 		}
-		switch o.long {
+		switch o.Long {
 		case optNextFlush:
 			rl.stopFlags |= logwrites.FlagFlush
 		case optNextFUA:
 			rl.stopFlags |= logwrites.FlagFUA
 		case optStartEntry:
-			rl.startEntry = number(o.arg, "entry")
+			rl.startEntry = number(o.Arg, "entry")
 		case optStartMark:
-			rl.startMark = mark(o.arg)
+			rl.startMark = mark(o.Arg)
 		case optEndMark:
-			rl.endMark = mark(o.arg)
+			rl.endMark = mark(o.Arg)
 			rl.stopFlags |= logwrites.FlagMark
 		case optLog:
-			rl.logPath, rl.hasLog = o.arg, true
+			rl.logPath, rl.hasLog = o.Arg, true
 		case optReplay:
-			rl.replayPath, rl.hasReplay = o.arg, true
+			rl.replayPath, rl.hasReplay = o.Arg, true
 		case optLimit:
-			rl.limit = number(o.arg, "entry")
+			rl.limit = number(o.Arg, "entry")
 		case optFind:
 			rl.find = true
 		case optNumEntries:
@@ -289,17 +291,17 @@ func (rl *rlog) parse(args []string) {
 		case optNoDiscard:
 			rl.noDiscard = true
 		case optFsck:
-			rl.fsck, rl.hasFsck = o.arg, true
+			rl.fsck, rl.hasFsck = o.Arg, true
 		case optCheck:
-			rl.checkMode, rl.checkN = rl.checkWord(o.arg)
+			rl.checkMode, rl.checkN = rl.checkWord(o.Arg)
 		case optStartSector:
-			rl.startSector = number(o.arg, "sector")
+			rl.startSector = number(o.Arg, "sector")
 		case optEndSector:
-			rl.endSector = number(o.arg, "sector")
+			rl.endSector = number(o.Arg, "sector")
 		case optEach:
-			rl.eachOptions().mode, rl.eachOptions().n = rl.checkWord(o.arg)
+			rl.eachOptions().mode, rl.eachOptions().n = rl.checkWord(o.Arg)
 		case optEachFrom:
-			rl.eachOptions().from = mark(o.arg)
+			rl.eachOptions().from = mark(o.Arg)
 		case optJSON:
 			rl.eachOptions().json = true
 		default:

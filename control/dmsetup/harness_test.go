@@ -55,7 +55,7 @@ func newHarness(t *testing.T) *harness {
 	off := stack.NewManager(stack.ManagerOptions{Registry: registry(t), Context: ctx})
 	h.offline = control.NewServer(ctx, off)
 	h.env["DM_DEV_DIR"] = h.devDir
-	t.Cleanup(func() { h.srv.Close(); h.offline.Close(); h.mgr.Teardown(); cancel() })
+	t.Cleanup(func() { h.srv.Close(); h.offline.Close(); h.mgr.Close(); off.Close(); cancel() })
 	return h
 }
 

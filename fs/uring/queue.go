@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/internal/hints"
 )
 
 // queue is one ring and its entries. One thread at a time leads it: it reaps
@@ -16,18 +16,18 @@ import (
 // io_uring_enter both commits a reply and waits for the next request. Other
 // threads of the queue wait as standby.
 //
-// A request that is going to wait (stack.Waiting, through entry.Waiting) or
+// A request that is going to wait (hints.Waiting, through entry.Waiting) or
 // that has held the leader for longer than the watchdog allows gives up the
 // queue: a standby thread (a new one if none waits) becomes the leader at
 // once, and the old leader finishes the request, puts the entry on the
 // queue's list of finished entries, wakes the new leader to commit it, and
 // becomes a standby thread itself, bound to the queue's CPU again before it
 // waits, so that a promotion takes no system call. A waiting request that
-// says it is about to complete (stack.Continuing, through entry.Continuing)
+// says it is about to complete (hints.Continuing, through entry.Continuing)
 // while it is the queue's only request away from the leader wakes the
 // leader ahead of its reply, and the leader spins for it rather than sleep
 // (with several away, their replies wake it as they come). One that
-// says when it will complete (stack.Expecting, through entry.Expecting) while
+// says when it will complete (hints.Expecting, through entry.Expecting) while
 // it is the queue's only request lets the leader sleep with a timeout that
 // ends expectMargin before then, and spin from there (see expected).
 type queue struct {
@@ -51,8 +51,8 @@ type queue struct {
 	tid      atomic.Int32  // the leader's thread id
 	curStart atomic.Int64  // when it started (Server.clock), for the watchdog
 	sleeping atomic.Int32
-	expect   atomic.Int64          // Server.clock time until which a reply is expected (stack.Continuing)
-	expectBy atomic.Pointer[entry] // the entry whose request last said when it completes (stack.Expecting)
+	expect   atomic.Int64          // Server.clock time until which a reply is expected (hints.Continuing)
+	expectBy atomic.Pointer[entry] // the entry whose request last said when it completes (hints.Expecting)
 	done     atomic.Pointer[entry] // entries answered off the leader
 	stopping atomic.Bool
 
@@ -323,7 +323,7 @@ func (q *queue) lead(bound bool) bool {
 				if q.r.queued() > 0 {
 					q.r.submit()
 				}
-				if q.spin(at + int64(stack.ContinueLead) - now) {
+				if q.spin(at + int64(hints.ContinueLead) - now) {
 					continue
 				}
 				q.expired = at
@@ -422,7 +422,7 @@ func (e *entry) inline() bool {
 	return e.seq != 0 && e.q.cur.Load() == e.seq
 }
 
-// Waiting implements stack.Waiter: the request held by e is about to wait,
+// Waiting implements hints.Waiter: the request held by e is about to wait,
 // so the queue goes to another thread now.
 func (e *entry) Waiting() {
 	if e.q.giveUp(e.seq) {
@@ -430,8 +430,8 @@ func (e *entry) Waiting() {
 	}
 }
 
-// Continuing implements stack.Continuer: the request held by e, which
-// waits off the leader's thread, completes within stack.ContinueLead. The
+// Continuing implements hints.Continuer: the request held by e, which
+// waits off the leader's thread, completes within hints.ContinueLead. The
 // leader, woken now if it sleeps, spins until then, so that it is awake to
 // commit the reply at once: waking a sleeping thread takes tens of
 // microseconds, more on an idle virtual CPU.
@@ -450,7 +450,7 @@ func (e *entry) Continuing() {
 	if q.away() > 1 {
 		return
 	}
-	until := q.s.clock.Nanotime() + int64(stack.ContinueLead)
+	until := q.s.clock.Nanotime() + int64(hints.ContinueLead)
 	for {
 		old := q.expect.Load()
 		if old >= until || q.expect.CompareAndSwap(old, until) {
@@ -483,7 +483,7 @@ func (q *queue) expected() int64 {
 	return at
 }
 
-// Expecting implements stack.Expecter: the request held by e, which waits,
+// Expecting implements hints.Expecter: the request held by e, which waits,
 // expects to complete d from now. A leader that sleeps without a timeout
 // is woken to set one.
 func (e *entry) Expecting(d time.Duration) {

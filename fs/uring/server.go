@@ -15,8 +15,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/clock"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/hints"
 )
 
 // Defaults.
@@ -95,7 +95,7 @@ type Config struct {
 	// it submits what it has whenever it runs dry.
 	SubmitBatch int
 	// ExpectMargin: when a queue's only request says when it will
-	// complete (stack.Expecting), the queue's thread sleeps until this long
+	// complete (hints.Expecting), the queue's thread sleeps until this long
 	// before that time, then spins for the reply, so that it is awake to
 	// commit it at once and the application's CPU is awake to take it
 	// (DefaultExpectMargin if 0; negative: it sleeps until woken).
@@ -150,13 +150,6 @@ type Server struct {
 	dog      *watchdog
 	done     chan struct{}
 }
-
-// monotonic is the default clock: nanoseconds since the package started.
-type monotonic struct{}
-
-var epoch = time.Now()
-
-func (monotonic) Nanotime() int64 { return int64(time.Since(epoch)) + 1 }
 
 // Queues returns the number of queues the kernel wants: one per possible CPU.
 func Queues() int {
@@ -259,7 +252,7 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 		}
 	}
 	if s.clock == nil {
-		s.clock = monotonic{}
+		s.clock = clock.System
 	}
 	s.dog = newWatchdog(s, int64(cfg.TakeoverAfter))
 	m := make(map[<-chan struct{}]*entry, len(rings)*cfg.Depth)
@@ -285,9 +278,18 @@ func (s *Server) release() {
 	}
 }
 
-// uringExtraProcs is how many Ps the transport adds per queue to the one
-// per CPU (see Start).
-const uringExtraProcs = 3
+// procsPerQueue is how many Ps the transport wants per queue on top of one
+// per CPU (Procs).
+const procsPerQueue = 3
+
+// Procs returns how many Ps the server wants on top of one per CPU, for the
+// daemon to raise GOMAXPROCS by. Threads that wait in a system call hold their
+// P until the runtime's sysmon takes it back: each queue's leader in
+// io_uring_enter, and the requests that wait on threads of their own (a
+// delayed one parked in futex), as many as a queue hands over. Three per
+// queue, by measurement: the multipath suite of test/bench with one fast and
+// three delayed paths (docs/benchmarks.md).
+func (s *Server) Procs() int { return procsPerQueue * len(s.queues) }
 
 // Start registers every entry of every queue on the connection of the
 // /dev/fuse descriptor fd (which must have answered FUSE_INIT with
@@ -301,14 +303,6 @@ func (s *Server) Start(fd int, fs fuse.RawFileSystem) error {
 		return err
 	}
 	s.fd = nfd
-	// Threads that wait in a system call hold their P until sysmon takes
-	// it back: each queue's leader in io_uring_enter, and the requests
-	// that wait on threads of their own (a delayed one parked in futex),
-	// as many as a queue hands over. Three Ps per queue on top of one
-	// per CPU, by measurement: on 2 CPUs, 8 Ps instead of 4 took
-	// multipath over one fast and three delayed paths from 0.66 to
-	// 0.78-0.83 of the fast path alone (docs/benchmarks.md).
-	stack.RaiseProcs(uringExtraProcs * len(s.queues))
 	for _, q := range s.queues {
 		if r, ok := q.r.(*sysRing); ok {
 			r.dev = nfd
@@ -379,7 +373,7 @@ func (s *Server) Wait() {
 // Stats counts a Server's hand-offs: a queue going to another thread.
 type Stats struct {
 	// Waiting counts hand-offs because a request said it waits
-	// (stack.Waiting); Watchdog those because a request held a queue's
+	// (hints.Waiting); Watchdog those because a request held a queue's
 	// thread for longer than the watchdog allows.
 	Waiting, Watchdog uint64
 	// Threads is the number of threads the queues have (leaders and
@@ -412,7 +406,7 @@ func (s *Server) Stats() Stats {
 // Context returns the context for the device I/O of the ring request whose
 // cancel channel (the one the transport handed to the RawFileSystem) is
 // cancel: Config.IOContext, or FUAContext for a WRITE with O_DSYNC, carrying
-// the request's stack.Waiter. It returns nil for a channel of no ring
+// the request's hints.Waiter. It returns nil for a channel of no ring
 // request (one from go-fuse's /dev/fuse loop).
 func (s *Server) Context(cancel <-chan struct{}) context.Context {
 	e := (*s.byCancel.Load())[cancel]
@@ -574,8 +568,8 @@ func (s *Server) newEntries(q *queue, mem []byte) []entry {
 		if s.cfg.Interruptible {
 			io, fua = &interruptible{io, e}, &interruptible{fua, e}
 		}
-		e.ioCtx = stack.WithWaiter(io, e)
-		e.fuaCtx = stack.WithWaiter(fua, e)
+		e.ioCtx = hints.WithWaiter(io, e)
+		e.fuaCtx = hints.WithWaiter(fua, e)
 	}
 	return ents
 }

@@ -1,8 +1,7 @@
 // Package stacktest holds the test doubles shared by dmfuse's packages and a
 // conformance suite that every target type runs.
 //
-// The doubles are an in-memory block device (MemDevice), a manual clock
-// (ManualClock) and an Opener that resolves the device arguments of tables
+// The doubles are an in-memory block device (MemDevice) and an Opener that resolves the device arguments of tables
 // from a map, failing for a missing name as the Manager's own lookup does.
 //
 // The suite builds devices of a target type through a stack.Manager, over

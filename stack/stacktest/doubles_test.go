@@ -20,7 +20,7 @@ func TestOpenerMatchesManager(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
-	t.Cleanup(m.Teardown)
+	t.Cleanup(func() { m.Close() })
 	dir := t.TempDir()
 	open := stacktest.Opener{"mem": stacktest.NewMemDevice("mem", 1<<20)}
 	for _, arg := range []string{"nosuch", "253:77", "4095:99", "./missing.img", dir + "/missing.img", "99999999999:1"} {

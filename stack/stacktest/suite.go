@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -197,10 +198,14 @@ func newManager(t testing.TB, typ *stack.TargetType, open func(string) (stack.Bl
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &ManualClock{}
-	clock.Set(1e9)
-	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: clock, Open: open})
-	t.Cleanup(m.Teardown)
+	clk := &clock.Manual{}
+	clk.Set(1e9)
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: clk, Open: open})
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return m
 }
 

@@ -1,12 +1,14 @@
-package stack
+package main
 
 import (
 	"os"
 	"runtime"
 )
 
-// RaiseProcs makes sure the runtime has a P per CPU on top of extra, unless
-// GOMAXPROCS is set in the environment; it never lowers GOMAXPROCS.
+// raiseProcs makes sure the runtime has a P per CPU on top of extra, unless
+// GOMAXPROCS is set in the environment; it never lowers GOMAXPROCS. The
+// daemon calls it once, with what the packages report they need
+// (delay.SchedulerProcs, fs.Server.Procs).
 //
 // A thread that waits in a system call through the runtime's ordinary path
 // (unix.Syscall: an io_uring queue's leader in io_uring_enter, a delayed
@@ -18,7 +20,7 @@ import (
 // request started or released, a thread promoted to lead a queue) sits
 // runnable until sysmon comes: up to 2 ms in a runtime trace of a delay
 // device at queue depth 1. With spare Ps, the runtime runs it at once.
-func RaiseProcs(extra int) {
+func raiseProcs(extra int) {
 	if os.Getenv("GOMAXPROCS") != "" {
 		return
 	}

@@ -1,4 +1,4 @@
-package stack
+package main
 
 import (
 	"runtime"
@@ -12,19 +12,19 @@ func TestRaiseProcs(t *testing.T) {
 	t.Cleanup(func() { runtime.GOMAXPROCS(old) })
 	t.Setenv("GOMAXPROCS", "")
 	runtime.GOMAXPROCS(1)
-	RaiseProcs(3)
+	raiseProcs(3)
 	if got, want := runtime.GOMAXPROCS(0), runtime.NumCPU()+3; got != want {
-		t.Errorf("GOMAXPROCS %d after RaiseProcs(3), want %d", got, want)
+		t.Errorf("GOMAXPROCS %d after raiseProcs(3), want %d", got, want)
 	}
 	big := runtime.NumCPU() + 10
 	runtime.GOMAXPROCS(big)
-	RaiseProcs(3)
+	raiseProcs(3)
 	if got := runtime.GOMAXPROCS(0); got != big {
 		t.Errorf("GOMAXPROCS lowered from %d to %d", big, got)
 	}
 	t.Setenv("GOMAXPROCS", "1")
 	runtime.GOMAXPROCS(1)
-	RaiseProcs(3)
+	raiseProcs(3)
 	if got := runtime.GOMAXPROCS(0); got != 1 {
 		t.Errorf("GOMAXPROCS=1 in the environment: raised to %d", got)
 	}

@@ -1,5 +1,5 @@
 //go:build !linux
 
-package selectors
+package clock
 
 func monotonicBase() int64 { return fallbackBase }
