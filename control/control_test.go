@@ -506,3 +506,44 @@ func TestControlSocket(t *testing.T) {
 		t.Errorf("regular file in the socket's place: %v", err)
 	}
 }
+
+// TestControlStop: stop runs the daemon's stop path with the request's
+// force; a refusal is the answer and the server goes on, a stop that
+// succeeds closes the listener; without a stop path, stop fails.
+func TestControlStop(t *testing.T) {
+	e := newCtlEnv(t)
+	if r := e.do(Request{Op: OpStop}); r.Error == "" {
+		t.Errorf("stop without a stop path: %+v", r)
+	}
+	sock := filepath.Join(t.TempDir(), "c.sock")
+	ln, err := Listen(sock, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var forced []bool
+	refuse := true
+	e.srv.OnStop(func(force bool) error {
+		forced = append(forced, force)
+		if refuse && !force {
+			return &stack.ArgError{Reason: "devices still in use: d", Errno: syscall.EBUSY}
+		}
+		return nil
+	})
+	go e.srv.Serve(ln)
+	resp, err := Call(sock, &Request{Op: OpStop})
+	if err != nil || resp.Error != "devices still in use: d" || resp.Errno != "EBUSY" {
+		t.Fatalf("refused stop: %+v, %v", resp, err)
+	}
+	if resp, err := Call(sock, &Request{Op: OpList}); err != nil || resp.Error != "" {
+		t.Fatalf("ls after a refused stop: %+v, %v", resp, err)
+	}
+	if resp, err := Call(sock, &Request{Op: OpStop, Force: true}); err != nil || resp.Error != "" {
+		t.Fatalf("forced stop: %+v, %v", resp, err)
+	}
+	if _, err := Call(sock, &Request{Op: OpList}); err == nil {
+		t.Error("the socket still answers after a stop that succeeded")
+	}
+	if !reflect.DeepEqual(forced, []bool{false, true}) {
+		t.Errorf("stop path called with force %v", forced)
+	}
+}
