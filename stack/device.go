@@ -168,6 +168,22 @@ func (d *Device) RaiseEvent() {
 	d.ev.wake()
 }
 
+// MappedDevice returns the mapped device bd is, when bd is one: a *Device,
+// or what Ctor.Open returned for a device argument naming another mapped
+// device of the same Manager. A target finds the live target of a device
+// it stacks on this way (a thin table its pool: MappedDevice(dev), then
+// Live().TargetAt(0)); it must not keep that target past its own Close,
+// and must expect a different one after the device below is reloaded.
+func MappedDevice(bd BlockDevice) (*Device, bool) {
+	switch x := bd.(type) {
+	case *Device:
+		return x, true
+	case interface{ mapped() *Device }:
+		return x.mapped(), true
+	}
+	return nil, false
+}
+
 // Suspended reports whether the device is suspended.
 func (d *Device) Suspended() bool {
 	d.mu.Lock()

@@ -260,7 +260,7 @@ func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, e
 	}
 	return Build(lines, BuildOptions{
 		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.memory, Shared: &m.shared,
-		Open: open,
+		Open: open, Device: d,
 	})
 }
 
@@ -289,7 +289,7 @@ func (m *Manager) openArg(self *Device, arg string, ro bool, dir string) (BlockD
 		}
 		bd, err := OpenFile(fmt.Sprintf("/dev/block/%d:%d", maj, min), arg, ro)
 		if err != nil {
-			return nil, Errorf("Device lookup failed: %s: %v", arg, unwrapPath(err))
+			return nil, lookupFailed(arg, err)
 		}
 		return bd, nil
 	}
@@ -315,7 +315,7 @@ func (m *Manager) openArg(self *Device, arg string, ro bool, dir string) (BlockD
 	}
 	bd, err := OpenFile(p, p, ro)
 	if err != nil {
-		return nil, Errorf("Device lookup failed: %s: %v", arg, unwrapPath(err))
+		return nil, lookupFailed(arg, err)
 	}
 	return bd, nil
 }

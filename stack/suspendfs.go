@@ -35,7 +35,8 @@ func (m *Manager) Suspend(name string, o Flags) error {
 // there is one (Device.Resume). When it has to suspend first to make an
 // inactive table live, it does so with o's flags, freezing the file system
 // unless they say not to; once the device runs again, a file system frozen
-// by a suspend is thawed (dm's unlock_fs).
+// by a suspend is thawed (dm's unlock_fs), and a thaw that fails fails
+// the resume (the device runs all the same).
 func (m *Manager) Resume(name string, o Flags) error {
 	d, err := m.acquire(name)
 	if err != nil {
@@ -57,7 +58,9 @@ func (m *Manager) Resume(name string, o Flags) error {
 		m.changed(d)
 	}
 	if e := m.getExporter(); e != nil && running {
-		e.Thaw(d)
+		if terr := e.Thaw(d); terr != nil && err == nil {
+			err = terr
+		}
 	}
 	if err != nil {
 		return &DeviceError{Name: name, Err: err}

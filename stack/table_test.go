@@ -23,7 +23,7 @@ func testDevs() map[string]*MemDevice {
 }
 
 func testRegistry(t testing.TB) *Registry {
-	r, err := NewRegistry(Linear, Striped, Zero, Error, Flakey, Dust, LogWrites)
+	r, err := NewRegistry(Linear, Striped, Zero, Error, Flakey, Dust)
 	if err != nil {
 		t.Fatal(err)
 	}

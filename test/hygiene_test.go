@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/control"
-	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
 	"golang.org/x/sys/unix"
 )
@@ -115,8 +115,7 @@ func TestResourceHygiene(t *testing.T) {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath)
+	reg, err := stack.NewRegistry(targets.All()...)
 	if err != nil {
 		t.Fatal(err)
 	}

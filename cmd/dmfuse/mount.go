@@ -11,9 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
-	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
+	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -64,8 +64,7 @@ func parsePoll(v string) (time.Duration, error) {
 
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
-	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, stack.Powercut)
+	r, err := stack.NewRegistry(targets.All()...)
 	if err != nil {
 		panic(err)
 	}

@@ -12,10 +12,12 @@
 // makes it usable over memory devices and what the type does with data; a
 // check that does not apply to a type is declared there, with the reason, and
 // reported as skipped with that reason. A new target type needs one entry in
-// Cases, and RunRegistry fails for a registered type without one:
+// Cases, and RunRegistry fails for a registered type without one. The test
+// of package internal/targets runs the suite on the list of every type
+// dmfuse registers:
 //
 //	func TestConformance(t *testing.T) {
-//		reg, _ := stack.NewRegistry(stack.Linear, ..., delay.Type)
+//		reg, _ := stack.NewRegistry(targets.All()...)
 //		stacktest.RunRegistry(t, reg)
 //	}
 package stacktest

@@ -1,8 +1,11 @@
-package stack
+package powercut
 
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stats"
 )
 
 // TestPowercutIndexForms: the slice index of a small target and the map
@@ -50,7 +53,7 @@ func TestPowercutIndexForms(t *testing.T) {
 			end := min(size, off+1+rng.Int64N(3<<pcChunkShift/2))
 			switch r := rng.IntN(100); {
 			case r < 60:
-				e := &pcEntry{kind: pcWrite, off: off, end: end}
+				e := &pcEntry{kind: stats.Write, off: off, end: end}
 				ents = append(ents, e)
 				x.put(off, end, e)
 				for i := off; i < end; i++ {
@@ -133,9 +136,9 @@ func TestPowercutStripeMask(t *testing.T) {
 	}
 }
 
-// PowercutSettle waits until the destager of powercut target t is idle, so
+// Settle waits until the destager of powercut target t is idle, so
 // that what it writes back is on the device.
-func PowercutSettle(t Target) {
+func Settle(t stack.Target) {
 	p := t.(*powercut)
 	p.room.Lock()
 	p.idleLocked()

@@ -1,21 +1,3 @@
-// Package logwrites is the on-disk format of the kernel's dm-log-writes
-// target (drivers/md/dm-log-writes.c, target version 1.1.0): the super block,
-// the entry headers, and a streaming reader that walks a log of any size with
-// bounded buffers. The log-writes target (stack/logwrites.go) writes this
-// format and `dmfuse replay-log` reads it, as xfstests' src/log-writes tools
-// do.
-//
-// A log is a sequence of log units of S bytes, S being the logical block size
-// of the recorded device (512 or 4096). Unit 0 holds the super; entry 0 starts
-// at unit 1. Each entry is one header unit followed, for a data write, by the
-// written data (NrSectors units); discards, flushes and marks have no data.
-// All integers are little-endian.
-//
-//	super  (unit 0):  magic u64 | version u64 | nr_entries u64 | sectorsize u32 | pad u32 | zeros
-//	header (1 unit):  sector u64 | nr_sectors u64 | flags u64 | data_len u64 | mark name | zeros
-//
-// sector and nr_sectors count log units; data_len is the length of a mark's
-// name in bytes and 0 for every other entry.
 package logwrites
 
 import (

@@ -1,4 +1,4 @@
-package stack
+package logwrites
 
 import (
 	"bytes"
@@ -16,13 +16,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
 	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/test/golden"
 )
 
 // lwBlockDev is a memory device with another logical block size.
 type lwBlockDev struct {
-	*MemDevice
+	*stacktest.MemDevice
 	bs int64
 }
 
@@ -30,17 +33,17 @@ func (d lwBlockDev) LogicalBlockSize() int64 { return d.bs }
 
 // newTestLogWrites builds a log-writes target over data and logdev for a
 // segment of the data device's size.
-func newTestLogWrites(t testing.TB, data, logdev BlockDevice, extra ...string) *logWrites {
+func newTestLogWrites(t testing.TB, data, logdev stack.BlockDevice, extra ...string) *logWrites {
 	t.Helper()
-	c := &Ctor{Len: data.Size() / SectorSize, Context: context.Background(), Open: func(arg string) (BlockDevice, error) {
-		for _, d := range []BlockDevice{data, logdev} {
+	c := &stack.Ctor{Len: data.Size() / stack.SectorSize, Context: context.Background(), Open: func(arg string) (stack.BlockDevice, error) {
+		for _, d := range []stack.BlockDevice{data, logdev} {
 			if d.Name() == arg {
 				return d, nil
 			}
 		}
 		return nil, syscall.ENOENT
 	}}
-	tg, err := LogWrites.New(c, append([]string{data.Name(), logdev.Name()}, extra...))
+	tg, err := Type.New(c, append([]string{data.Name(), logdev.Name()}, extra...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,30 +74,30 @@ func (l *logWrites) waitLogged(t testing.TB) {
 func (l *logWrites) mustStatus(t testing.TB, want string) {
 	t.Helper()
 	l.waitLogged(t)
-	if got := l.Status(StatusInfo); got != want {
+	if got := l.Status(stack.StatusInfo); got != want {
 		t.Errorf("status %q, want %q", got, want)
 	}
 }
 
 var lwCtx = context.Background()
 
-func lwWrite(t testing.TB, tg Target, ctx context.Context, off int64, b byte, n int) {
+func lwWrite(t testing.TB, tg stack.Target, ctx context.Context, off int64, b byte, n int) {
 	t.Helper()
 	if _, err := tg.WriteAt(ctx, bytes.Repeat([]byte{b}, n), off); err != nil {
 		t.Fatalf("write %d bytes at %d: %v", n, off, err)
 	}
 }
 
-func lwFlush(t testing.TB, tg Target) {
+func lwFlush(t testing.TB, tg stack.Target) {
 	t.Helper()
-	if err := tg.(Flusher).Flush(lwCtx); err != nil {
+	if err := tg.(stack.Flusher).Flush(lwCtx); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func lwMark(t testing.TB, tg Target, name string) {
+func lwMark(t testing.TB, tg stack.Target, name string) {
 	t.Helper()
-	if _, err := tg.(Messager).Message(lwCtx, []string{"mark", name}); err != nil {
+	if _, err := tg.(stack.Messager).Message(lwCtx, []string{"mark", name}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -263,7 +266,7 @@ const lwLogCLines = `00000000  72 68 73 77 66 73 6a 00  01 00 00 00 00 00 00 00 
 // (three writes, a flush, a mark, then teardown) and checks status after
 // each step and the log's bytes against the vector's dump.
 func TestLogWritesLogA(t *testing.T) {
-	data, logd := NewMemDevice("data", 1<<20), NewMemDevice("log", 64<<10)
+	data, logd := stacktest.NewMemDevice("data", 1<<20), stacktest.NewMemDevice("log", 64<<10)
 	l := newTestLogWrites(t, data, logd)
 	l.mustStatus(t, "0 0")
 	lwWrite(t, l, lwCtx, 0, 0xaa, 512)
@@ -285,18 +288,18 @@ func TestLogWritesLogA(t *testing.T) {
 		{sector: 0, nr: 1, data: bytes.Repeat([]byte{0xaa}, 512)},
 		{sector: 8, nr: 2, data: bytes.Repeat([]byte{0xbb}, 1024)},
 		{sector: 16, nr: 1, data: bytes.Repeat([]byte{0xcc}, 512)},
-		{flags: logwrites.FlagFlush},
-		{flags: logwrites.FlagMark, name: "mkfs"},
+		{flags: FlagFlush},
+		{flags: FlagMark, name: "mkfs"},
 	}
 	got := logd.Bytes()
 	lwCompare(t, "after mark mkfs", got, lwImage(512, 64<<10, 5, ents))
 	if d := hexdumpC(got[:0x1400]); d != lwLogADump+"00001400\n" {
 		t.Errorf("hexdump -C after mark mkfs:\n%s\nwant:\n%s00001400", d, lwLogADump)
 	}
-	checkGolden(t, "logwrites/logA.golden", hexdumpC(got[:0x1600]))
+	golden.Check(t, "testdata/logA.golden", []byte(hexdumpC(got[:0x1600])))
 
 	l.Close()
-	ents = append(ents, lwEntry{flags: logwrites.FlagMark, name: logwrites.EndMark})
+	ents = append(ents, lwEntry{flags: FlagMark, name: EndMark})
 	lwCompare(t, "after teardown", logd.Bytes(), lwImage(512, 64<<10, 6, ents))
 	checkHexLines(t, "after teardown", logd.Bytes(), lwLogAEnd)
 	if got[0x10] != 6 {
@@ -310,12 +313,12 @@ func TestLogWritesLogA(t *testing.T) {
 // recorded from a REQ_META journal write, has 0x12; every other byte is the
 // vector's.
 func TestLogWritesLogB(t *testing.T) {
-	data, logd := NewMemDevice("data", 2<<20), NewMemDevice("log", 64<<10)
+	data, logd := stacktest.NewMemDevice("data", 2<<20), stacktest.NewMemDevice("log", 64<<10)
 	l := newTestLogWrites(t, data, logd)
 	lwWrite(t, l, lwCtx, 0, 0x11, 4096)
 	lwFlush(t, l)
 	l.mustStatus(t, "2 10")
-	lwWrite(t, l, WithFUA(lwCtx), 8*512, 0x22, 512)
+	lwWrite(t, l, stack.WithFUA(lwCtx), 8*512, 0x22, 512)
 	l.mustStatus(t, "3 12")
 	if c := binary.LittleEndian.Uint64(logd.Bytes()[16:]); c != 3 {
 		t.Errorf("super count after the FUA write %d, want 3", c)
@@ -329,16 +332,16 @@ func TestLogWritesLogB(t *testing.T) {
 
 	want := lwImage(512, 64<<10, 6, []lwEntry{
 		{sector: 0, nr: 8, data: bytes.Repeat([]byte{0x11}, 4096)},
-		{flags: logwrites.FlagFlush},
-		{sector: 8, nr: 1, flags: logwrites.FlagFUA | logwrites.FlagMetadata, data: bytes.Repeat([]byte{0x22}, 512)},
-		{sector: 100, nr: 2048, flags: logwrites.FlagDiscard},
-		{flags: logwrites.FlagFlush},
-		{flags: logwrites.FlagMark, name: "fsync"},
+		{flags: FlagFlush},
+		{sector: 8, nr: 1, flags: FlagFUA | FlagMetadata, data: bytes.Repeat([]byte{0x22}, 512)},
+		{sector: 100, nr: 2048, flags: FlagDiscard},
+		{flags: FlagFlush},
+		{flags: FlagMark, name: "fsync"},
 	})
 	checkHexLines(t, "vector B as built", want, lwLogBLines)
-	want[0x1610] = logwrites.FlagFUA // no REQ_META in dmfuse
+	want[0x1610] = FlagFUA // no REQ_META in dmfuse
 	lwCompare(t, "log B", logd.Bytes(), want)
-	checkGolden(t, "logwrites/logB.golden", hexdumpC(logd.Bytes()[:0x2000]))
+	golden.Check(t, "testdata/logB.golden", []byte(hexdumpC(logd.Bytes()[:0x2000])))
 	// The discard reached the data device (a memory device zeroes).
 	if !bytes.Equal(data.Bytes()[100*512:2148*512], make([]byte, 2048*512)) {
 		t.Error("discard did not reach the data device")
@@ -348,86 +351,45 @@ func TestLogWritesLogB(t *testing.T) {
 // TestLogWritesLogC: a data device with 4096-byte blocks, one write left
 // unflushed until teardown.
 func TestLogWritesLogC(t *testing.T) {
-	data, logd := lwBlockDev{NewMemDevice("data", 1<<20), 4096}, NewMemDevice("log", 64<<10)
+	data, logd := lwBlockDev{stacktest.NewMemDevice("data", 1<<20), 4096}, stacktest.NewMemDevice("log", 64<<10)
 	l := newTestLogWrites(t, data, logd)
 	l.mustStatus(t, "0 7")
 	lwWrite(t, l, lwCtx, 8192, 0x33, 4096)
 	l.mustStatus(t, "0 7")
 	l.Close()
-	if got := l.Status(StatusInfo); got != "2 31" {
+	if got := l.Status(stack.StatusInfo); got != "2 31" {
 		t.Errorf("status after teardown %q, want \"2 31\"", got)
 	}
 	want := lwImage(4096, 64<<10, 2, []lwEntry{
 		{sector: 2, nr: 1, data: bytes.Repeat([]byte{0x33}, 4096)},
-		{flags: logwrites.FlagMark, name: logwrites.EndMark},
+		{flags: FlagMark, name: EndMark},
 	})
 	checkHexLines(t, "vector C as built", want, lwLogCLines)
 	lwCompare(t, "log C", logd.Bytes(), want)
-	checkGolden(t, "logwrites/logC.golden", hexdumpC(logd.Bytes()[:0x4000]))
+	golden.Check(t, "testdata/logC.golden", []byte(hexdumpC(logd.Bytes()[:0x4000])))
 	// With 4096-byte units, I/O must be aligned to them.
 	if _, err := l.WriteAt(lwCtx, make([]byte, 512), 0); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("512-byte write on a 4096-byte log: %v, want EINVAL", err)
 	}
 }
 
-// lwGate is a data device whose writes and flushes wait until the test
-// releases them, so that a test decides the order in which they complete.
-type lwGate struct {
-	*MemDevice
-	mu      sync.Mutex
-	gates   map[int64]chan struct{} // by byte offset; flushes use -1
-	arrived chan int64
-}
-
-func newLWGate(size int64) *lwGate {
-	return &lwGate{MemDevice: NewMemDevice("data", size), gates: map[int64]chan struct{}{}, arrived: make(chan int64, 64)}
-}
-
-func (g *lwGate) gate(k int64) chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	ch, ok := g.gates[k]
-	if !ok {
-		ch = make(chan struct{})
-		g.gates[k] = ch
-	}
-	return ch
-}
-
-func (g *lwGate) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	ch := g.gate(off)
-	g.arrived <- off
-	<-ch
-	return g.MemDevice.WriteAt(ctx, p, off)
-}
-
-func (g *lwGate) Flush(ctx context.Context) error {
-	ch := g.gate(-1)
-	g.arrived <- -1
-	<-ch
-	return g.MemDevice.Flush(ctx)
-}
-
-// release lets the I/O at k complete and forgets its gate.
-func (g *lwGate) release(k int64) {
-	ch := g.gate(k)
-	g.mu.Lock()
-	delete(g.gates, k)
-	g.mu.Unlock()
-	close(ch)
-}
-
-// lwOps runs I/O on a log-writes target over a gate in goroutines.
+// lwOps runs I/O on a log-writes target in goroutines, over a data device
+// that holds every write and flush until the test releases it, so that the
+// test decides the order in which they complete.
 type lwOps struct {
 	t    *testing.T
 	l    *logWrites
-	g    *lwGate
+	gate *stacktest.Fault
+	held map[int64]*stacktest.Held // by byte offset; the flush is -1
 	done map[int64]chan error
 }
 
 func newLWOps(t *testing.T) *lwOps {
-	g := newLWGate(1 << 20)
-	return &lwOps{t: t, l: newTestLogWrites(t, g, NewMemDevice("log", 1<<20)), g: g, done: map[int64]chan error{}}
+	data, _ := stacktest.NewMemFaultDevice("data", 1<<20)
+	gate := data.Inject(stacktest.Rule{Ops: stacktest.OpWrite | stacktest.OpFlush, Hold: true})
+	t.Cleanup(gate.Remove)
+	return &lwOps{t: t, l: newTestLogWrites(t, data, stacktest.NewMemDevice("log", 1<<20)), gate: gate,
+		held: map[int64]*stacktest.Held{}, done: map[int64]chan error{}}
 }
 
 // submit starts a write of one 4096-byte block (blk) or, for blk < 0, a
@@ -442,7 +404,7 @@ func (o *lwOps) submit(blk int64, fua bool) {
 	} else {
 		ctx := lwCtx
 		if fua {
-			ctx = WithFUA(ctx)
+			ctx = stack.WithFUA(ctx)
 		}
 		go func() {
 			_, err := o.l.WriteAt(ctx, bytes.Repeat([]byte{byte(blk + 1)}, 4096), key)
@@ -450,9 +412,15 @@ func (o *lwOps) submit(blk int64, fua bool) {
 		}()
 	}
 	o.done[key] = ch
-	if got := <-o.g.arrived; got != key {
+	h := <-o.gate.Held()
+	got := h.Off
+	if h.Op == stacktest.OpFlush {
+		got = -1
+	}
+	if got != key {
 		o.t.Fatalf("I/O %d arrived while waiting for %d", got, key)
 	}
+	o.held[key] = h
 }
 
 // complete releases the I/O of blk (-1: the flush) and waits for it.
@@ -462,7 +430,8 @@ func (o *lwOps) complete(blk int64) {
 	if blk < 0 {
 		key = -1
 	}
-	o.g.release(key)
+	o.held[key].Release()
+	delete(o.held, key)
 	if err := <-o.done[key]; err != nil {
 		o.t.Fatal(err)
 	}
@@ -473,12 +442,12 @@ func (o *lwOps) complete(blk int64) {
 func (o *lwOps) entries() string {
 	o.t.Helper()
 	o.l.Close()
-	return lwList(o.t, o.l.logdev.(*MemDevice).Bytes())
+	return lwList(o.t, o.l.logdev.(*stacktest.MemDevice).Bytes())
 }
 
 func lwList(t *testing.T, log []byte) string {
 	t.Helper()
-	r, err := logwrites.Open(bytes.NewReader(log), int64(len(log)), 0)
+	r, err := Open(bytes.NewReader(log), int64(len(log)), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,13 +461,13 @@ func lwList(t *testing.T, log []byte) string {
 		switch e.Flags {
 		case 0:
 			out = append(out, fmt.Sprintf("w%d", blk))
-		case logwrites.FlagFUA:
+		case FlagFUA:
 			out = append(out, fmt.Sprintf("fua%d", blk))
-		case logwrites.FlagFlush:
+		case FlagFlush:
 			out = append(out, "flush")
-		case logwrites.FlagDiscard:
+		case FlagDiscard:
 			out = append(out, fmt.Sprintf("discard%d", blk))
-		case logwrites.FlagMark:
+		case FlagMark:
 			out = append(out, "mark:"+e.Mark())
 		default:
 			out = append(out, fmt.Sprintf("flags%#x", e.Flags))
@@ -515,7 +484,7 @@ func lwList(t *testing.T, log []byte) string {
 // a flush was submitted wait for the next flush, FUA writes and marks go
 // ahead of unflushed writes, teardown logs what is left before the end mark.
 func TestLogWritesOrdering(t *testing.T) {
-	const end = "mark:" + logwrites.EndMark
+	const end = "mark:" + EndMark
 	t.Run("completion order", func(t *testing.T) {
 		o := newLWOps(t)
 		o.submit(1, false)
@@ -591,21 +560,18 @@ func TestLogWritesOrdering(t *testing.T) {
 	})
 }
 
-// lwFailDev fails every write.
-type lwFailDev struct{ *MemDevice }
-
-func (lwFailDev) WriteAt(context.Context, []byte, int64) (int, error) { return 0, syscall.EIO }
-
 // TestLogWritesFailedWriteLogged: the target does not look at the result of
 // a write; one that failed on the data device is logged all the same.
 func TestLogWritesFailedWriteLogged(t *testing.T) {
-	logd := NewMemDevice("log", 1<<20)
-	l := newTestLogWrites(t, lwFailDev{NewMemDevice("data", 1<<20)}, logd)
+	logd := stacktest.NewMemDevice("log", 1<<20)
+	data, _ := stacktest.NewMemFaultDevice("data", 1<<20)
+	data.Fail(stacktest.OpWrite, syscall.EIO)
+	l := newTestLogWrites(t, data, logd)
 	if _, err := l.WriteAt(lwCtx, make([]byte, 512), 16*512); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write to a failing device: %v, want EIO", err)
 	}
 	l.Close()
-	if got, want := lwList(t, logd.Bytes()), "w2 mark:"+logwrites.EndMark; got != want {
+	if got, want := lwList(t, logd.Bytes()), "w2 mark:"+EndMark; got != want {
 		t.Errorf("log %q, want %q", got, want)
 	}
 }
@@ -613,8 +579,8 @@ func TestLogWritesFailedWriteLogged(t *testing.T) {
 // TestLogWritesTableStatusMessages covers the constructor's arguments, the
 // table and status strings and the mark message's rules.
 func TestLogWritesTableStatusMessages(t *testing.T) {
-	data, logd := NewMemDevice("data", 1<<20), NewMemDevice("log", 1<<20)
-	open := func(arg string) (BlockDevice, error) {
+	data, logd := stacktest.NewMemDevice("data", 1<<20), stacktest.NewMemDevice("log", 1<<20)
+	open := func(arg string) (stack.BlockDevice, error) {
 		switch arg {
 		case "data":
 			return data, nil
@@ -633,22 +599,22 @@ func TestLogWritesTableStatusMessages(t *testing.T) {
 		{"data nosuch", "Log device lookup failed: no such file or directory", syscall.ENOENT},
 		{"data mapped", "Log device lookup failed: mapped: no such mapped device", syscall.EINVAL},
 	} {
-		_, err := LogWrites.New(&Ctor{Len: 2048, Open: func(arg string) (BlockDevice, error) {
+		_, err := Type.New(&stack.Ctor{Len: 2048, Open: func(arg string) (stack.BlockDevice, error) {
 			if arg == "mapped" {
-				return nil, Errorf("Device lookup failed: mapped: no such mapped device")
+				return nil, stack.Errorf("Device lookup failed: mapped: no such mapped device")
 			}
 			return open(arg)
-		}}, SplitArgs(tc.args))
+		}}, stack.SplitArgs(tc.args))
 		if err == nil || err.Error() != tc.err || !errors.Is(err, tc.errno) {
 			t.Errorf("log-writes %q: %v, want %q (%v)", tc.args, err, tc.err, tc.errno)
 		}
 	}
-	if _, err := LogWrites.New(&Ctor{Len: 4096, Open: open}, []string{"data", "log"}); err == nil || !strings.Contains(err.Error(), "too small for target") {
+	if _, err := Type.New(&stack.Ctor{Len: 4096, Open: open}, []string{"data", "log"}); err == nil || !strings.Contains(err.Error(), "too small for target") {
 		t.Errorf("a segment longer than the data device: %v", err)
 	}
 
 	l := newTestLogWrites(t, data, logd, "junk") // extra arguments are ignored
-	if got := l.Status(StatusTable); got != "data log" {
+	if got := l.Status(stack.StatusTable); got != "data log" {
 		t.Errorf("table %q", got)
 	}
 	l.mustStatus(t, "0 0")
@@ -678,7 +644,7 @@ func TestLogWritesTableStatusMessages(t *testing.T) {
 		}
 	}
 	l.Close()
-	r, err := logwrites.Open(bytes.NewReader(logd.Bytes()), 1<<20, 0)
+	r, err := Open(bytes.NewReader(logd.Bytes()), 1<<20, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -689,7 +655,7 @@ func TestLogWritesTableStatusMessages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if e.Flags == logwrites.FlagMark {
+		if e.Flags == FlagMark {
 			marks = append(marks, e.Mark())
 			lens = append(lens, e.DataLen)
 		}
@@ -697,7 +663,7 @@ func TestLogWritesTableStatusMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := []string{"a", "b", strings.Repeat("x", 479), "nul", logwrites.EndMark}
+	want := []string{"a", "b", strings.Repeat("x", 479), "nul", EndMark}
 	if fmt.Sprint(marks) != fmt.Sprint(want) || lens[2] != 479 {
 		t.Errorf("marks %q (lengths %v), want %q with the long one cut to 479 bytes", marks, lens, want)
 	}
@@ -708,7 +674,7 @@ func TestLogWritesTableStatusMessages(t *testing.T) {
 // for good, later I/O passes through unlogged, and the super is never
 // written (no FUA, no mark was logged).
 func TestLogWritesFullLogDevice(t *testing.T) {
-	data, logd := NewMemDevice("data", 1<<20), NewMemDevice("log", 8*512)
+	data, logd := stacktest.NewMemDevice("data", 1<<20), stacktest.NewMemDevice("log", 8*512)
 	l := newTestLogWrites(t, data, logd)
 	var logged bytes.Buffer
 	l.logger.SetOutput(&logged)
@@ -719,7 +685,7 @@ func TestLogWritesFullLogDevice(t *testing.T) {
 	if !strings.Contains(logged.String(), "Ran out of space on the logdev") {
 		t.Errorf("log output %q", logged.String())
 	}
-	lwWrite(t, l, WithFUA(lwCtx), 4096, 0x77, 512)
+	lwWrite(t, l, stack.WithFUA(lwCtx), 4096, 0x77, 512)
 	lwMark(t, l, "late")
 	lwFlush(t, l)
 	l.mustStatus(t, "1 7 logging_disabled")
@@ -729,7 +695,7 @@ func TestLogWritesFullLogDevice(t *testing.T) {
 	l.Close()
 	want := lwImage(512, 8*512, -1, []lwEntry{{sector: 0, nr: 5, data: bytes.Repeat([]byte{0x5a}, 5*512)}})
 	lwCompare(t, "full log", logd.Bytes(), want)
-	if _, err := logwrites.Open(bytes.NewReader(logd.Bytes()), 8*512, 0); !errors.Is(err, logwrites.ErrMagic) {
+	if _, err := Open(bytes.NewReader(logd.Bytes()), 8*512, 0); !errors.Is(err, ErrMagic) {
 		t.Errorf("reading a log whose super was never written: %v, want ErrMagic", err)
 	}
 }
@@ -741,21 +707,19 @@ func TestLogWritesMemoryLimit(t *testing.T) {
 	old := logWritesMemLimit
 	logWritesMemLimit = 3 * 4608
 	defer func() { logWritesMemLimit = old }()
-	data, logd := NewMemDevice("data", 1<<20), NewMemDevice("log", 1<<20)
-	l := newTestLogWrites(t, data, logd)
+	d, l := lwDevice(t, stacktest.NewMemDevice("data", 1<<20), stacktest.NewMemDevice("log", 1<<20))
 	l.logger.SetOutput(&bytes.Buffer{})
 	defer l.logger.SetOutput(os.Stderr)
 	for i := range 3 {
 		lwWrite(t, l, lwCtx, int64(i)*4096, 1, 4096)
 	}
-	pc := faultAcctPiece(stats.Write)
-	if _, err := l.WriteAt(pc, make([]byte, 4096), 3*4096); !errors.Is(err, syscall.EIO) {
+	before := d.Disk().Snapshot().IOs[stats.GroupWrite]
+	if _, err := d.WriteAt(lwCtx, make([]byte, 4096), 3*4096); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write past the memory cap: %v, want EIO", err)
 	}
-	if pc.started.Load() {
-		t.Error("a write killed at map time was accounted")
+	if got := d.Disk().Snapshot().IOs[stats.GroupWrite]; got != before {
+		t.Errorf("a write killed at map time was accounted: %d writes counted, want %d", got, before)
 	}
-	pc.finish(4096, syscall.EIO)
 	l.mustStatus(t, "0 0 logging_disabled")
 	lwWrite(t, l, lwCtx, 3*4096, 2, 4096)
 	if l.held.Load() != 3*4608 {
@@ -765,19 +729,41 @@ func TestLogWritesMemoryLimit(t *testing.T) {
 	if l.held.Load() != 0 {
 		t.Errorf("held %d bytes after teardown", l.held.Load())
 	}
-	misaligned := newTestLogWrites(t, NewMemDevice("d2", 1<<20), NewMemDevice("l2", 1<<20))
-	pc = faultAcctPiece(stats.Write)
-	if _, err := misaligned.WriteAt(pc, make([]byte, 100), 512); !errors.Is(err, syscall.EINVAL) || pc.started.Load() {
-		t.Errorf("misaligned write: %v (accounted %v), want EINVAL, not accounted", err, pc.started.Load())
+	md, _ := lwDevice(t, stacktest.NewMemDevice("d2", 1<<20), stacktest.NewMemDevice("l2", 1<<20))
+	if _, err := md.WriteAt(lwCtx, make([]byte, 100), 512); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("misaligned write: %v, want EINVAL", err)
 	}
-	pc.finish(100, syscall.EINVAL)
+	if got := md.Disk().Snapshot().IOs[stats.GroupWrite]; got != 0 {
+		t.Errorf("a misaligned write killed at map time was accounted: %d writes counted", got)
+	}
+}
+
+// lwDevice creates a device of one log-writes segment over data and logd
+// through a manager, and returns it with its target.
+func lwDevice(t *testing.T, data, logd *stacktest.MemDevice) (*stack.Device, *logWrites) {
+	t.Helper()
+	reg, err := stack.NewRegistry(Type)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: &clock.Manual{},
+		Open: stacktest.Opener{data.Name(): data, logd.Name(): logd}.Open})
+	t.Cleanup(func() { m.Close() })
+	d, err := m.Create(stack.CreateOptions{Name: "lw-" + data.Name(), Minor: -1,
+		Table: fmt.Sprintf("0 %d log-writes %s %s", data.Size()/stack.SectorSize, data.Name(), logd.Name())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l *logWrites
+	d.Live().Targets(func(_, _ int64, _ *stack.TargetType, tg stack.Target) { l = tg.(*logWrites) })
+	return d, l
 }
 
 // lwReplay applies the log's entries onto dst up to and including the first
 // mark named upTo, as replay-log --end-mark does (discards zero).
 func lwReplay(t *testing.T, log, dst []byte, upTo string) {
 	t.Helper()
-	r, err := logwrites.Open(bytes.NewReader(log), int64(len(log)), 64<<10)
+	r, err := Open(bytes.NewReader(log), int64(len(log)), 64<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -788,9 +774,9 @@ func lwReplay(t *testing.T, log, dst []byte, upTo string) {
 			t.Fatal(err)
 		}
 		switch {
-		case e.Flags&logwrites.FlagMark != 0 && e.Mark() == upTo:
+		case e.Flags&FlagMark != 0 && e.Mark() == upTo:
 			return
-		case e.Flags&logwrites.FlagDiscard != 0:
+		case e.Flags&FlagDiscard != 0:
 			clear(dst[int64(e.Sector)*s : int64(e.Sector+e.NrSectors)*s])
 		default:
 			base := int64(e.Sector) * s
@@ -811,7 +797,7 @@ func lwReplay(t *testing.T, log, dst []byte, upTo string) {
 // the data device as it was at that mark.
 func TestLogWritesRoundTrip(t *testing.T) {
 	const size, jobs = 4 << 20, 4
-	data, logd := NewMemDevice("data", size), NewMemDevice("log", 64<<20)
+	data, logd := stacktest.NewMemDevice("data", size), stacktest.NewMemDevice("log", 64<<20)
 	l := newTestLogWrites(t, data, logd)
 	snaps := map[string][]byte{}
 	var names []string
@@ -850,7 +836,7 @@ func TestLogWritesRoundTrip(t *testing.T) {
 							if err := l.Flush(lwCtx); err != nil {
 								t.Error(err)
 							}
-							if _, err := l.WriteAt(WithFUA(ctx), buf[:n], off); err != nil {
+							if _, err := l.WriteAt(stack.WithFUA(ctx), buf[:n], off); err != nil {
 								t.Error(err)
 							}
 							flushMu.Unlock()
@@ -885,8 +871,8 @@ func TestLogWritesRoundTrip(t *testing.T) {
 		lwMark(t, l, name)
 	}
 	l.Close()
-	if l.Status(StatusInfo) == "" || strings.Contains(l.Status(StatusInfo), "disabled") {
-		t.Fatalf("status %q", l.Status(StatusInfo))
+	if l.Status(stack.StatusInfo) == "" || strings.Contains(l.Status(stack.StatusInfo), "disabled") {
+		t.Fatalf("status %q", l.Status(stack.StatusInfo))
 	}
 	for _, name := range names {
 		got := make([]byte, size)
@@ -912,14 +898,14 @@ func TestLogWritesStacked(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	reg, err := NewRegistry(Linear, Flakey, LogWrites)
+	reg, err := stack.NewRegistry(stack.Linear, stack.Flakey, Type)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(ManagerOptions{Registry: reg})
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
 	defer m.Close()
-	mk := func(name, table string) *Device {
-		d, err := m.Create(CreateOptions{Name: name, Minor: -1, Table: table, Dir: dir})
+	mk := func(name, table string) *stack.Device {
+		d, err := m.Create(stack.CreateOptions{Name: name, Minor: -1, Table: table, Dir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -928,13 +914,13 @@ func TestLogWritesStacked(t *testing.T) {
 	mk("lower", "0 2048 flakey ./data.img 0 1000 0")
 	mk("logdev", "0 2048 linear ./log.img 0")
 	lw := mk("lw", "0 2048 log-writes lower logdev")
-	if err := m.Remove("lower", Flags{}); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("lower", stack.Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("removing the data device under log-writes: %v, want EBUSY", err)
 	}
-	if err := m.Remove("logdev", Flags{}); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("logdev", stack.Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("removing the log device under log-writes: %v, want EBUSY", err)
 	}
-	if _, err := lw.WriteAt(WithFUA(context.Background()), bytes.Repeat([]byte{9}, 4096), 4096); err != nil {
+	if _, err := lw.WriteAt(stack.WithFUA(context.Background()), bytes.Repeat([]byte{9}, 4096), 4096); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := lw.WriteAt(context.Background(), bytes.Repeat([]byte{8}, 4096), 0); err != nil {
@@ -947,18 +933,18 @@ func TestLogWritesStacked(t *testing.T) {
 		t.Fatal(err)
 	}
 	var table string
-	lw.WithTables(func(live, _ *Table) { table = live.Format(StatusTable) })
+	lw.WithTables(func(live, _ *stack.Table) { table = live.Format(stack.StatusTable) })
 	if table != "0 2048 log-writes lower logdev\n" {
 		t.Errorf("table %q", table)
 	}
-	if err := m.Remove("lw", Flags{}); err != nil {
+	if err := m.Remove("lw", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	log, err := os.ReadFile(filepath.Join(dir, "log.img"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := lwList(t, log), "fua1 w0 flush mark:done mark:"+logwrites.EndMark; got != want {
+	if got, want := lwList(t, log), "fua1 w0 flush mark:done mark:"+EndMark; got != want {
 		t.Errorf("log %q, want %q", got, want)
 	}
 }
@@ -977,14 +963,14 @@ func FuzzLogWrites(f *testing.F) {
 		if len(ops) > 64 {
 			ops = ops[:64]
 		}
-		devs := map[string]*MemDevice{"data": NewMemDevice("data", 64<<10), "log": NewMemDevice("log", 256<<10), "small": NewMemDevice("small", 4096)}
-		c := &Ctor{Len: 128, Context: lwCtx, Open: func(arg string) (BlockDevice, error) {
+		devs := map[string]*stacktest.MemDevice{"data": stacktest.NewMemDevice("data", 64<<10), "log": stacktest.NewMemDevice("log", 256<<10), "small": stacktest.NewMemDevice("small", 4096)}
+		c := &stack.Ctor{Len: 128, Context: lwCtx, Open: func(arg string) (stack.BlockDevice, error) {
 			if d, ok := devs[arg]; ok {
 				return d, nil
 			}
 			return nil, syscall.ENOENT
 		}}
-		tg, err := LogWrites.New(c, SplitArgs(params))
+		tg, err := Type.New(c, stack.SplitArgs(params))
 		if err != nil {
 			return
 		}
@@ -997,7 +983,7 @@ func FuzzLogWrites(f *testing.F) {
 			case 0:
 				l.WriteAt(lwCtx, make([]byte, n), off)
 			case 1:
-				l.WriteAt(WithFUA(lwCtx), make([]byte, n), off)
+				l.WriteAt(stack.WithFUA(lwCtx), make([]byte, n), off)
 			case 2:
 				l.Flush(lwCtx)
 			case 3:
@@ -1007,17 +993,17 @@ func FuzzLogWrites(f *testing.F) {
 			case 5:
 				l.WriteAt(lwCtx, make([]byte, 100), off+int64(i%3)) // misaligned
 			default:
-				l.Message(lwCtx, SplitArgs(msg))
+				l.Message(lwCtx, stack.SplitArgs(msg))
 			}
 		}
 		l.Close()
-		st := l.Status(StatusInfo)
+		st := l.Status(stack.StatusInfo)
 		var entries uint64
 		fmt.Sscanf(st, "%d", &entries)
-		logd := l.logdev.(*MemDevice).Bytes()
-		r, err := logwrites.Open(bytes.NewReader(logd), int64(len(logd)), 0)
+		logd := l.logdev.(*stacktest.MemDevice).Bytes()
+		r, err := Open(bytes.NewReader(logd), int64(len(logd)), 0)
 		if err != nil {
-			if !errors.Is(err, logwrites.ErrMagic) && entries > 0 {
+			if !errors.Is(err, ErrMagic) && entries > 0 {
 				t.Fatalf("status %q, log unreadable: %v", st, err)
 			}
 			return
@@ -1047,7 +1033,7 @@ func BenchmarkLogWritesWrite(b *testing.B) {
 		log        bool
 	}{{"device", 0, false}, {"noflush", 0, true}, {"flush32", 32, true}} {
 		b.Run(tc.name, func(b *testing.B) {
-			data := NewMemDevice("data", 64<<20)
+			data := stacktest.NewMemDevice("data", 64<<20)
 			var tg interface {
 				WriteAt(context.Context, []byte, int64) (int, error)
 				Flush(context.Context) error
@@ -1086,3 +1072,14 @@ func (lwNullDev) Discard(context.Context, int64, int64) error               { re
 func (lwNullDev) WriteZeroes(context.Context, int64, int64) error           { return nil }
 func (d lwNullDev) Size() int64                                             { return d.size }
 func (lwNullDev) Name() string                                              { return "null" }
+
+// TestTablesGolden builds the log-writes lines of testdata/tables.in and
+// compares their table and status output, or the error, with
+// testdata/tables.golden.
+func TestTablesGolden(t *testing.T) {
+	reg, err := stack.NewRegistry(Type)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stacktest.CheckTables(t, reg, "testdata")
+}

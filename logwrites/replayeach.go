@@ -1,4 +1,4 @@
-package main
+package logwrites
 
 import (
 	"bufio"
@@ -11,26 +11,22 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/dmfuse/dmfuse/stack/logwrites"
 )
 
-// eachOptions are the options of --each: replay the log once onto the
+// EachOptions are the options of --each: replay the log once onto the
 // target, and at every check point (every FUA, flush or discard entry, or
 // every N-th entry) sync the target and run the --fsck command, stopping at
-// the first one that fails.
-type eachOptions struct {
-	mode int
-	n    uint64
-	from *string // check only from the first mark of this name on
-	json bool
-}
-
-func (rl *rlog) eachOptions() *eachOptions {
-	if rl.each == nil {
-		rl.each = &eachOptions{}
-	}
-	return rl.each
+// the first one that fails. The command gets the entry number and the
+// target in DMFUSE_REPLAY_ENTRY and DMFUSE_REPLAY_TARGET.
+type EachOptions struct {
+	// Mode and N say which entries are check points, as for --check.
+	Mode CheckMode
+	N    uint64
+	// From, when set, checks only from the first mark of this name on
+	// (--each-from).
+	From *string
+	// JSON prints one JSON object per point and a summary (--json).
+	JSON bool
 }
 
 // checkEach refuses --each combined with what it cannot go with.
@@ -38,7 +34,7 @@ func (rl *rlog) checkEach() {
 	o := rl.each
 	switch {
 	case o == nil:
-	case o.mode == 0:
+	case o.Mode == 0:
 		rl.fail("%s: --each-from and --json go with --each\n", rl.prog)
 	case !rl.hasReplay || !rl.hasFsck:
 		rl.fail("%s: --each needs --replay DEVICE and --fsck COMMAND\n", rl.prog)
@@ -47,8 +43,8 @@ func (rl *rlog) checkEach() {
 	}
 }
 
-// eachPoint is one check point, as --json prints it.
-type eachPoint struct {
+// EachPoint is one check point, as --json prints it.
+type EachPoint struct {
 	Point   int     `json:"point"`
 	Entry   uint64  `json:"entry"`
 	Unit    int64   `json:"unit"` // log unit after the entry's header, as replay-log -v prints it
@@ -59,8 +55,8 @@ type eachPoint struct {
 	Output  string  `json:"output,omitempty"` // the end of what the command printed, when it failed
 }
 
-// eachSummary ends the --json output.
-type eachSummary struct {
+// EachSummary ends the --json output.
+type EachSummary struct {
 	Summary   bool    `json:"summary"`
 	Kind      string  `json:"kind"`
 	Points    int     `json:"points"`
@@ -78,21 +74,21 @@ type eachSummary struct {
 // leave it unchanged (check a copy to mount it or repair it).
 func (rl *rlog) runEach() int {
 	o := rl.each
-	kind := map[int]string{checkFUA: "fua", checkFlush: "flush", checkDiscard: "discard"}[o.mode]
-	if o.mode == checkNumber {
-		kind = fmt.Sprintf("every-%d", o.n)
+	kind := map[CheckMode]string{CheckFUA: "fua", CheckFlush: "flush", CheckDiscard: "discard"}[o.Mode]
+	if o.Mode == CheckNumber {
+		kind = fmt.Sprintf("every-%d", o.N)
 	}
-	if o.json {
+	if o.JSON {
 		rl.vout = bufio.NewWriter(rl.errw)
 	}
 	enc := json.NewEncoder(rl.out)
-	sum := eachSummary{Summary: true, Kind: kind}
+	sum := EachSummary{Summary: true, Kind: kind}
 	start := time.Now()
-	checking := o.from == nil
+	checking := o.From == nil
 	var n uint64
 	done := func(status int) int {
 		sum.Entries, sum.DataBytes, sum.Seconds = n, rl.dataBytes, time.Since(start).Seconds()
-		if o.json {
+		if o.JSON {
 			enc.Encode(sum)
 			return status
 		}
@@ -106,7 +102,7 @@ func (rl *rlog) runEach() int {
 	}
 	fail := func(msg string) int {
 		sum.Failed, sum.Error = true, msg
-		if !o.json {
+		if !o.JSON {
 			rl.flush()
 			fmt.Fprintf(rl.errw, "%s: %s\n", rl.prog, msg)
 		}
@@ -121,12 +117,12 @@ func (rl *rlog) runEach() int {
 			break
 		}
 		n++
-		if !checking && e.Flags&logwrites.FlagMark != 0 && logwrites.MarkMatches(*o.from, e.Unit, e.DataLen) {
+		if !checking && e.Flags&FlagMark != 0 && MarkMatches(*o.From, e.Unit, e.DataLen) {
 			checking = true
 		}
-		if checking && checkPoint(o.mode, o.n, n, e) {
+		if checking && checkPoint(o.Mode, o.N, n, e) {
 			sum.Points++
-			p := eachPoint{Point: sum.Points, Entry: e.Index, Unit: e.Pos/int64(rl.s) + 1, Flags: logwrites.FlagNames(e.Flags)}
+			p := EachPoint{Point: sum.Points, Entry: e.Index, Unit: e.Pos/int64(rl.s) + 1, Flags: FlagNames(e.Flags)}
 			t0 := time.Now()
 			var out tailBuffer
 			p.Status, p.OK = rl.eachCheck(e.Index, &out)
@@ -138,7 +134,7 @@ func (rl *rlog) runEach() int {
 			if !p.OK {
 				idx := e.Index
 				sum.Failed, sum.Entry, sum.Reproduce = true, &idx, rl.reproduce(n, e.Index)
-				if !o.json {
+				if !o.JSON {
 					fmt.Fprintf(rl.out, "first failure at entry %d (%s point %d); %s holds the device as of that entry\n", e.Index, kind, p.Point, rl.replayPath)
 					fmt.Fprintf(rl.out, "reproduce onto a device that holds what %s held before this run:\n  %s\n", rl.replayPath, sum.Reproduce)
 				}
@@ -153,17 +149,17 @@ func (rl *rlog) runEach() int {
 		return fail(fmt.Sprintf("syncing %s: %v", rl.replayPath, err))
 	}
 	if !checking {
-		return fail(fmt.Sprintf("no mark %q in the log: nothing was checked", *o.from))
+		return fail(fmt.Sprintf("no mark %q in the log: nothing was checked", *o.From))
 	}
 	if sum.Points == 0 {
 		sum.Error = fmt.Sprintf("no %s point in the log: nothing was checked", kind)
-		if !o.json {
+		if !o.JSON {
 			rl.flush()
 			fmt.Fprintf(rl.errw, "%s: %s\n", rl.prog, sum.Error)
 		}
 		return done(2)
 	}
-	if !o.json {
+	if !o.JSON {
 		fmt.Fprintf(rl.out, "all %d %s points clean\n", sum.Points, kind)
 	}
 	return done(0)
@@ -195,8 +191,8 @@ func (rl *rlog) eachCheck(entry uint64, out *tailBuffer) (status int, ok bool) {
 	return -1, false
 }
 
-func (rl *rlog) printPoint(enc *json.Encoder, p eachPoint) {
-	if rl.each.json {
+func (rl *rlog) printPoint(enc *json.Encoder, p EachPoint) {
+	if rl.each.JSON {
 		enc.Encode(p)
 		rl.flush()
 		return

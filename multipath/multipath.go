@@ -1,4 +1,4 @@
-package stack
+package multipath
 
 import (
 	"errors"
@@ -8,32 +8,18 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/stack"
 )
 
-// Multipath is the multipath target type (dm-mpath 1.15.0): priority groups of
+// Type is the multipath target type (dm-mpath 1.15.0): priority groups of
 // paths to one storage, a path selector per group, failover on path errors and
 // queueing while no path is left (drivers/md/dm-mpath.c). It must be alone in
 // its table and can only be replaced by another multipath table (or an error
 // table).
-var Multipath = &TargetType{Name: "multipath", Version: [3]int{1, 15, 0}, Singleton: true, Immutable: true, New: newMultipath}
-
-// ErrPushBack is the error of an I/O that multipath pushes back to the device
-// (dm's DM_MAPIO_REQUEUE and DM_ENDIO_REQUEUE): it found no usable path while
-// the device is being suspended with noflush and queue_if_no_path is off (as
-// presuspend turns it off). During a noflush suspend the device holds such
-// an I/O at its gate and issues it again after resume; otherwise it fails
-// with EIO, which ErrPushBack wraps (as the kernel turns a push-back into EIO
-// outside a noflush suspend).
-var ErrPushBack error = pushBackError{}
-
-type pushBackError struct{}
-
-func (pushBackError) Error() string { return "multipath: no usable path: I/O pushed back" }
-func (pushBackError) Unwrap() error { return syscall.EIO }
+var Type = &stack.TargetType{Name: "multipath", Version: [3]int{1, 15, 0}, Singleton: true, Immutable: true, New: newMultipath}
 
 // mpMaxArgs is the kernel's limit on every count in a multipath table.
 const mpMaxArgs = 1024
@@ -90,28 +76,28 @@ type priorityGroup struct {
 // the target's mu.
 type pgpath struct {
 	pg        *priorityGroup
-	dev       BlockDevice
+	dev       stack.BlockDevice
 	sp        selectors.Path // sp.Dev is the *pgpath
 	active    bool
 	failCount uint32
 }
 
 var (
-	_ Target        = (*multipath)(nil)
-	_ Flusher       = (*multipath)(nil)
-	_ Discarder     = (*multipath)(nil)
-	_ ZeroWriter    = (*multipath)(nil)
-	_ Messager      = (*multipath)(nil)
-	_ Presuspender  = (*multipath)(nil)
-	_ Postsuspender = (*multipath)(nil)
-	_ Resumer       = (*multipath)(nil)
-	_ MapAccounter  = (*multipath)(nil)
+	_ stack.Target        = (*multipath)(nil)
+	_ stack.Flusher       = (*multipath)(nil)
+	_ stack.Discarder     = (*multipath)(nil)
+	_ stack.ZeroWriter    = (*multipath)(nil)
+	_ stack.Messager      = (*multipath)(nil)
+	_ stack.Presuspender  = (*multipath)(nil)
+	_ stack.Postsuspender = (*multipath)(nil)
+	_ stack.Resumer       = (*multipath)(nil)
+	_ stack.MapAccounter  = (*multipath)(nil)
 )
 
 // mpErr is a constructor or message error: the kernel's text (ti->error, or
 // its warning for messages), then which argument and why.
 func mpErr(kernel, format string, a ...any) error {
-	return &ArgError{Reason: kernel + " (" + fmt.Sprintf(format, a...) + ")"}
+	return &stack.ArgError{Reason: kernel + " (" + fmt.Sprintf(format, a...) + ")"}
 }
 
 // newMultipath constructs a multipath target. Table syntax:
@@ -150,7 +136,7 @@ func mpErr(kernel, format string, a ...any) error {
 // fail_path <dev>, reinstate_path <dev>. <dev> is any form of a device
 // argument that resolves to the path's device, or the escaped form that table
 // and status print.
-func newMultipath(c *Ctor, args []string) (Target, error) {
+func newMultipath(c *stack.Ctor, args []string) (stack.Target, error) {
 	m := &multipath{clock: clock.System, event: c.Event, logger: log.Default()}
 	if c.Clock != nil {
 		m.clock = c.Clock
@@ -159,7 +145,7 @@ func newMultipath(c *Ctor, args []string) (Target, error) {
 		m.event = func() {}
 	}
 	m.mu.wake = make(chan struct{})
-	as := NewArgs(args)
+	as := stack.NewArgs(args)
 	if err := m.parseFeatures(as); err != nil {
 		return nil, err
 	}
@@ -202,7 +188,7 @@ func newMultipath(c *Ctor, args []string) (Target, error) {
 }
 
 // peek quotes the next argument of as, or says it is missing.
-func peek(as *Args) string {
+func peek(as *stack.Args) string {
 	if as.Len() == 0 {
 		return "missing"
 	}
@@ -210,7 +196,7 @@ func peek(as *Args) string {
 }
 
 // parseFeatures reads "<#features> [<feature>...]" (parse_features).
-func (m *multipath) parseFeatures(as *Args) error {
+func (m *multipath) parseFeatures(as *stack.Args) error {
 	w := peek(as)
 	n, err := as.Group(0, 8, "invalid number of feature args")
 	if err != nil {
@@ -260,7 +246,7 @@ func (m *multipath) parseFeatures(as *Args) error {
 
 // parseHWHandler reads "<#hw_handler_args> [<name> [<arg>...]]"
 // (parse_hw_handler). Bio mode consumes and ignores the handler.
-func (m *multipath) parseHWHandler(as *Args) error {
+func (m *multipath) parseHWHandler(as *stack.Args) error {
 	w := peek(as)
 	n, err := as.Group(0, mpMaxArgs, "invalid number of hardware handler args")
 	if err != nil {
@@ -282,7 +268,7 @@ func (m *multipath) parseHWHandler(as *Args) error {
 }
 
 // parsePG reads one priority group (parse_priority_group).
-func (m *multipath) parsePG(c *Ctor, as *Args, num int) (*priorityGroup, error) {
+func (m *multipath) parsePG(c *stack.Ctor, as *stack.Args, num int) (*priorityGroup, error) {
 	if as.Len() < 2 {
 		return nil, mpErr("not enough priority group arguments", "group %d: %d args left, a group needs at least a selector and its arg count", num, as.Len())
 	}
@@ -331,7 +317,7 @@ func (m *multipath) parsePG(c *Ctor, as *Args, num int) (*priorityGroup, error) 
 			m.logger.Printf("multipath: hardware handlers are only allowed for scsi devices")
 			m.hwName, m.hwArgs = "", nil
 		}
-		if err := CheckArea(dev, 0, c.Len); err != nil {
+		if err := stack.CheckArea(dev, 0, c.Len); err != nil {
 			return nil, err
 		}
 		pp := &pgpath{pg: pg, dev: dev, active: true}

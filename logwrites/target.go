@@ -1,4 +1,4 @@
-package stack
+package logwrites
 
 import (
 	"context"
@@ -13,16 +13,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/stack"
 )
 
-// LogWrites is the log-writes target type (dm-log-writes 1.1.0): every write
+// Type is the log-writes target type (dm-log-writes 1.1.0): every write
 // to the data device is passed on and also recorded, with its data, on a log
-// device in the kernel's format (package logwrites), together with flushes,
+// device in the kernel's format (format.go), together with flushes,
 // FUA writes, discards and named marks, in the order that tells what a power
 // loss could have left on the device. `dmfuse replay-log` and xfstests'
 // replay-log read the log back.
-var LogWrites = &TargetType{Name: "log-writes", Version: [3]int{1, 1, 0}, New: newLogWrites}
+var Type = &stack.TargetType{Name: "log-writes", Version: [3]int{1, 1, 0}, New: newLogWrites}
 
 // logWritesMemLimit caps the bytes of copied write data a log-writes target
 // holds before the worker has logged them (writes wait for the next flush).
@@ -48,7 +48,7 @@ type blockSizer interface {
 
 // logWrites is one constructed log-writes target.
 type logWrites struct {
-	dev, logdev BlockDevice
+	dev, logdev stack.BlockDevice
 	s           int64 // log unit: the data device's logical block size
 	unit        int64 // s in 512-byte sectors
 	logger      *log.Logger
@@ -91,12 +91,12 @@ type lwBlock struct {
 }
 
 var (
-	_ Target       = (*logWrites)(nil)
-	_ Flusher      = (*logWrites)(nil)
-	_ Discarder    = (*logWrites)(nil)
-	_ DiscardOwner = (*logWrites)(nil)
-	_ Messager     = (*logWrites)(nil)
-	_ MapAccounter = (*logWrites)(nil)
+	_ stack.Target       = (*logWrites)(nil)
+	_ stack.Flusher      = (*logWrites)(nil)
+	_ stack.Discarder    = (*logWrites)(nil)
+	_ stack.DiscardOwner = (*logWrites)(nil)
+	_ stack.Messager     = (*logWrites)(nil)
+	_ stack.MapAccounter = (*logWrites)(nil)
 )
 
 // newLogWrites constructs a log-writes target. Table syntax:
@@ -129,11 +129,11 @@ var (
 // Message: `mark <name>` (verb case-insensitive) queues a mark; the name is
 // cut to S-33 bytes. Status: `<logged entries> <next log sector -
 // 1>[ logging_disabled]`; table: `<dev> <log_dev>`.
-func newLogWrites(c *Ctor, args []string) (Target, error) {
+func newLogWrites(c *stack.Ctor, args []string) (stack.Target, error) {
 	if len(args) < 2 {
-		return nil, Errorf("Invalid argument count")
+		return nil, stack.Errorf("Invalid argument count")
 	}
-	r, err := OpenRemap(c, args[0], 0, c.Len)
+	r, err := stack.OpenRemap(c, args[0], 0, c.Len)
 	if err != nil {
 		return nil, err
 	}
@@ -142,22 +142,22 @@ func newLogWrites(c *Ctor, args []string) (Target, error) {
 	if err != nil {
 		return nil, logLookupError(err)
 	}
-	s := int64(SectorSize)
+	s := int64(stack.SectorSize)
 	if bs, ok := dev.(blockSizer); ok {
 		s = bs.LogicalBlockSize()
 	}
-	if s < logwrites.MinSectorSize || s > logwrites.MaxSectorSize || s&(s-1) != 0 {
-		return nil, Errorf("Device logical block size %d not supported", s)
+	if s < MinSectorSize || s > MaxSectorSize || s&(s-1) != 0 {
+		return nil, stack.Errorf("Device logical block size %d not supported", s)
 	}
 	l := &logWrites{
-		dev: dev, logdev: logdev, s: s, unit: s / SectorSize,
+		dev: dev, logdev: logdev, s: s, unit: s / stack.SectorSize,
 		logger: log.Default(),
 		kick:   make(chan struct{}, 1), done: make(chan struct{}),
 		super: make([]byte, s),
 	}
 	l.next = l.unit
 	l.nextSector.Store(l.next)
-	l.end = logdev.Size() / SectorSize
+	l.end = logdev.Size() / stack.SectorSize
 	l.enabled.Store(true)
 	go l.run()
 	return l, nil
@@ -166,15 +166,15 @@ func newLogWrites(c *Ctor, args []string) (Target, error) {
 // logLookupError is lookupError for the log device, whose failed lookup
 // the kernel reports as "Log device lookup failed".
 func logLookupError(err error) error {
-	var ae *ArgError
-	if !errors.As(lookupError(err), &ae) {
+	var ae *stack.ArgError
+	if !errors.As(stack.LookupError(err), &ae) {
 		return err
 	}
 	reason, ok := strings.CutPrefix(ae.Reason, "Device lookup failed")
 	if !ok {
 		reason = ": " + ae.Reason
 	}
-	return &ArgError{Reason: "Log device lookup failed" + reason, Errno: ae.Errno}
+	return &stack.ArgError{Reason: "Log device lookup failed" + reason, Errno: ae.Errno}
 }
 
 // AccountsAtMap marks that a write may be killed at map time (misaligned, or
@@ -186,7 +186,7 @@ func (l *logWrites) AccountsAtMap() {}
 func (l *logWrites) OwnsDiscards() {}
 
 func (l *logWrites) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	StartAccounting(ctx)
+	stack.StartAccounting(ctx)
 	return l.dev.ReadAt(ctx, p, off)
 }
 
@@ -196,7 +196,7 @@ func (l *logWrites) ReadAt(ctx context.Context, p []byte, off int64) (int, error
 // goes straight to the log, any other waits on the unflushed list.
 func (l *logWrites) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if len(p) == 0 || !l.enabled.Load() {
-		StartAccounting(ctx)
+		stack.StartAccounting(ctx)
 		return l.dev.WriteAt(ctx, p, off)
 	}
 	if off%l.s != 0 || int64(len(p))%l.s != 0 {
@@ -207,11 +207,11 @@ func (l *logWrites) WriteAt(ctx context.Context, p []byte, off int64) (int, erro
 		return 0, syscall.EIO
 	}
 	b.sector, b.nr = uint64(off/l.s), uint64(int64(len(p))/l.s)
-	if FUA(ctx) {
-		b.flags = logwrites.FlagFUA
+	if stack.FUA(ctx) {
+		b.flags = FlagFUA
 	}
 	copy(b.buf[l.s:], p)
-	StartAccounting(ctx)
+	stack.StartAccounting(ctx)
 	n, err := l.dev.WriteAt(ctx, p, off)
 	l.endIO(b)
 	return n, err
@@ -225,7 +225,7 @@ func (l *logWrites) Flush(ctx context.Context) error {
 		return l.dev.Flush(ctx)
 	}
 	b := l.getBlock(0, false)
-	b.flags = logwrites.FlagFlush
+	b.flags = FlagFlush
 	l.mu.Lock()
 	b.children, l.unflushed = l.unflushed, b.children
 	l.mu.Unlock()
@@ -248,23 +248,23 @@ func (l *logWrites) Flush(ctx context.Context) error {
 // unflushed list, as writes are.
 func (l *logWrites) Discard(ctx context.Context, off, n int64) error {
 	if n == 0 || !l.enabled.Load() {
-		StartAccounting(ctx)
+		stack.StartAccounting(ctx)
 		return l.discard(ctx, off, n)
 	}
 	if off%l.s != 0 || n%l.s != 0 {
 		return syscall.EINVAL
 	}
 	b := l.getBlock(0, false)
-	b.flags = logwrites.FlagDiscard
+	b.flags = FlagDiscard
 	b.sector, b.nr = uint64(off/l.s), uint64(n/l.s)
-	StartAccounting(ctx)
+	stack.StartAccounting(ctx)
 	err := l.discard(ctx, off, n)
 	l.endIO(b)
 	return err
 }
 
 func (l *logWrites) discard(ctx context.Context, off, n int64) error {
-	if !limitsOf(l.dev).Discard {
+	if !stack.LimitsOf(l.dev).Discard {
 		return nil
 	}
 	return l.dev.Discard(ctx, off, n)
@@ -273,10 +273,10 @@ func (l *logWrites) discard(ctx context.Context, off, n int64) error {
 // Message implements `mark <name>`.
 func (l *logWrites) Message(_ context.Context, args []string) (string, error) {
 	if len(args) != 2 {
-		return "", &ArgError{Reason: fmt.Sprintf("Invalid log-writes message arguments, expect 2 arguments, got %d", len(args)), Errno: syscall.EINVAL}
+		return "", &stack.ArgError{Reason: fmt.Sprintf("Invalid log-writes message arguments, expect 2 arguments, got %d", len(args)), Errno: syscall.EINVAL}
 	}
 	if !strings.EqualFold(args[0], "mark") {
-		return "", &ArgError{Reason: "Unrecognised log writes target message received: " + args[0], Errno: syscall.EINVAL}
+		return "", &stack.ArgError{Reason: "Unrecognised log writes target message received: " + args[0], Errno: syscall.EINVAL}
 	}
 	l.mark(args[1])
 	return "", nil
@@ -288,11 +288,11 @@ func (l *logWrites) mark(name string) {
 	if i := strings.IndexByte(name, 0); i >= 0 {
 		name = name[:i]
 	}
-	if m := logwrites.MaxMarkLen(int(l.s)); len(name) > m {
+	if m := MaxMarkLen(int(l.s)); len(name) > m {
 		name = name[:m]
 	}
 	b := l.getBlock(0, false)
-	b.flags, b.name = logwrites.FlagMark, name
+	b.flags, b.name = FlagMark, name
 	l.mu.Lock()
 	l.queued.Add(1)
 	l.logging = append(l.logging, b)
@@ -309,9 +309,9 @@ const logWritesStatusWait = time.Second
 // what was queued before the call (at most logWritesStatusWait, in case the
 // log device does not answer), so that status after a flush or a mark
 // shows them.
-func (l *logWrites) Status(t StatusType) string {
-	if t == StatusTable {
-		return EscapeArg(l.dev.Name()) + " " + EscapeArg(l.logdev.Name())
+func (l *logWrites) Status(t stack.StatusType) string {
+	if t == stack.StatusTable {
+		return stack.EscapeArg(l.dev.Name()) + " " + stack.EscapeArg(l.logdev.Name())
 	}
 	want := l.queued.Load()
 	for start := time.Now(); l.logged.Load() < want && time.Since(start) < logWritesStatusWait; {
@@ -328,7 +328,7 @@ func (l *logWrites) Status(t StatusType) string {
 // worker has logged them (drivers/md/dm-log-writes.c: log_writes_dtr).
 func (l *logWrites) Close() error {
 	end := l.getBlock(0, false)
-	end.flags, end.name = logwrites.FlagMark, logwrites.EndMark
+	end.flags, end.name = FlagMark, EndMark
 	l.mu.Lock()
 	l.queued.Add(uint64(len(l.unflushed)) + 1)
 	l.logging = append(l.logging, l.unflushed...)
@@ -345,7 +345,7 @@ func (l *logWrites) Close() error {
 // once, anything else on the unflushed list.
 func (l *logWrites) endIO(b *lwBlock) {
 	l.mu.Lock()
-	if b.flags&logwrites.FlagFUA != 0 {
+	if b.flags&FlagFUA != 0 {
 		l.queued.Add(1)
 		l.logging = append(l.logging, b)
 		l.mu.Unlock()
@@ -406,12 +406,12 @@ func (l *logWrites) logOne(b *lwBlock) {
 	}
 	pos := l.next
 	l.next += l.unit
-	if b.flags&logwrites.FlagDiscard == 0 {
+	if b.flags&FlagDiscard == 0 {
 		l.next += int64(b.nr) * l.unit
 	}
 	l.nextSector.Store(l.next)
 	if l.end == 0 {
-		l.end = l.logdev.Size() / SectorSize
+		l.end = l.logdev.Size() / stack.SectorSize
 	}
 	if l.end != 0 && l.next >= l.end {
 		l.logger.Printf("log-writes: Ran out of space on the logdev")
@@ -419,14 +419,14 @@ func (l *logWrites) logOne(b *lwBlock) {
 		return
 	}
 	n := l.entries.Add(1)
-	logwrites.PutHeader(b.buf[:l.s], logwrites.Header{Sector: b.sector, NrSectors: b.nr, Flags: b.flags, DataLen: uint64(len(b.name))}, b.name)
-	if _, err := l.logdev.WriteAt(logCtx, b.buf, pos*SectorSize); err != nil {
+	PutHeader(b.buf[:l.s], Header{Sector: b.sector, NrSectors: b.nr, Flags: b.flags, DataLen: uint64(len(b.name))}, b.name)
+	if _, err := l.logdev.WriteAt(logCtx, b.buf, pos*stack.SectorSize); err != nil {
 		l.logger.Printf("log-writes: Error writing log block, error=%v", err)
 		l.enabled.Store(false)
 		return
 	}
-	if b.flags&(logwrites.FlagFUA|logwrites.FlagMark) != 0 {
-		logwrites.PutSuper(l.super, logwrites.Super{Magic: logwrites.Magic, Version: logwrites.Version, NrEntries: n, SectorSize: uint32(l.s)})
+	if b.flags&(FlagFUA|FlagMark) != 0 {
+		PutSuper(l.super, Super{Magic: Magic, Version: Version, NrEntries: n, SectorSize: uint32(l.s)})
 		if _, err := l.logdev.WriteAt(logCtx, l.super, 0); err != nil {
 			l.logger.Printf("log-writes: Error writing log block, error=%v", err)
 			l.enabled.Store(false)

@@ -1,10 +1,13 @@
-package stack
+package multipath
 
 import (
 	"context"
 	"errors"
 	"runtime"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stats"
 )
 
 // releaseLocked re-drives every held I/O; the caller holds mu.
@@ -98,14 +101,14 @@ func (m *multipath) mapIO(ctx context.Context, n int) (*pgpath, error) {
 			pushBack := m.mu.noflush
 			m.mu.Unlock()
 			if pushBack {
-				return nil, ErrPushBack
+				return nil, stack.ErrPushBack
 			}
 			return nil, syscall.EIO
 		}
 		wake := m.mu.wake
 		m.mu.held++
 		m.mu.Unlock()
-		Waiting(ctx)
+		stack.Waiting(ctx)
 		select {
 		case <-wake:
 		case <-ctx.Done():
@@ -136,28 +139,17 @@ func isPathError(err error) bool {
 	return true
 }
 
-// mpOp is the kind of one I/O.
-type mpOp uint8
-
-const (
-	mpRead mpOp = iota
-	mpWrite
-	mpFlush
-	mpDiscard
-	mpZeroes
-)
-
 // io maps one I/O to a path and passes it on. A path error fails the path
 // (a table event) and retries the I/O on another path; with no path left it
 // waits while queue_if_no_path is set and otherwise fails (multipath_map_bio
 // and multipath_end_io_bio). n is the I/O's size in bytes.
-func (m *multipath) io(ctx context.Context, op mpOp, p []byte, off, n int64) (int, error) {
+func (m *multipath) io(ctx context.Context, op stack.Op, p []byte, off, n int64) (int, error) {
 	for {
 		pp, err := m.mapIO(ctx, int(n))
 		if err != nil {
 			return 0, err
 		}
-		StartAccounting(ctx)
+		stack.StartAccounting(ctx)
 		var start int64
 		tr := pp.pg.tracker
 		if tr != nil {
@@ -168,15 +160,15 @@ func (m *multipath) io(ctx context.Context, op mpOp, p []byte, off, n int64) (in
 		}
 		var got int
 		switch op {
-		case mpRead:
+		case stats.Read:
 			got, err = pp.dev.ReadAt(ctx, p, off)
-		case mpWrite:
+		case stats.Write:
 			got, err = pp.dev.WriteAt(ctx, p, off)
-		case mpFlush:
+		case stats.Flush:
 			err = pp.dev.Flush(ctx)
-		case mpDiscard:
+		case stats.Discard:
 			err = pp.dev.Discard(ctx, off, n)
-		case mpZeroes:
+		case stats.Zeroes:
 			err = pp.dev.WriteZeroes(ctx, off, n)
 		}
 		if err == nil || !isPathError(err) {
@@ -195,7 +187,7 @@ func (m *multipath) io(ctx context.Context, op mpOp, p []byte, off, n int64) (in
 			m.mu.Unlock()
 			if !queue {
 				if pushBack {
-					return 0, ErrPushBack
+					return 0, stack.ErrPushBack
 				}
 				return 0, syscall.EIO
 			}
@@ -205,12 +197,12 @@ func (m *multipath) io(ctx context.Context, op mpOp, p []byte, off, n int64) (in
 
 // ReadAt implements Target.
 func (m *multipath) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	return m.io(ctx, mpRead, p, off, int64(len(p)))
+	return m.io(ctx, stats.Read, p, off, int64(len(p)))
 }
 
 // WriteAt implements Target.
 func (m *multipath) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	return m.io(ctx, mpWrite, p, off, int64(len(p)))
+	return m.io(ctx, stats.Write, p, off, int64(len(p)))
 }
 
 // Flush implements Flusher. As in dm (num_flush_bios = 1), one empty flush
@@ -219,19 +211,19 @@ func (m *multipath) WriteAt(ctx context.Context, p []byte, off int64) (int, erro
 // them reaches it; sending one down every path would cost a flush per path
 // and fail when any single path fails, which multipath exists to hide.
 func (m *multipath) Flush(ctx context.Context) error {
-	_, err := m.io(ctx, mpFlush, nil, 0, 0)
+	_, err := m.io(ctx, stats.Flush, nil, 0, 0)
 	return err
 }
 
 // Discard implements Discarder: mapped to one path, like a write.
 func (m *multipath) Discard(ctx context.Context, off, n int64) error {
-	_, err := m.io(ctx, mpDiscard, nil, off, n)
+	_, err := m.io(ctx, stats.Discard, nil, off, n)
 	return err
 }
 
 // WriteZeroes implements ZeroWriter: mapped to one path, like a write.
 func (m *multipath) WriteZeroes(ctx context.Context, off, n int64) error {
-	_, err := m.io(ctx, mpZeroes, nil, off, n)
+	_, err := m.io(ctx, stats.Zeroes, nil, off, n)
 	return err
 }
 
@@ -268,7 +260,7 @@ func (m *multipath) reinstatePath(pp *pgpath) error {
 	}
 	if err := pp.pg.sel.ReinstatePath(&pp.sp); err != nil {
 		m.mu.Unlock()
-		return &ArgError{Reason: "reinstating path " + pp.dev.Name() + ": " + err.Error()}
+		return &stack.ArgError{Reason: "reinstating path " + pp.dev.Name() + ": " + err.Error()}
 	}
 	pp.active = true
 	if m.nrValid.Add(1) == 1 {

@@ -1,4 +1,4 @@
-package stack_test
+package powercut_test
 
 import (
 	"bytes"
@@ -21,30 +21,52 @@ import (
 
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/internal/hints"
+	"github.com/dmfuse/dmfuse/logwrites"
+	"github.com/dmfuse/dmfuse/multipath"
+	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
 const pcSector = stack.SectorSize
 
-// pcRecDev is a memory device that records, in order, every request that
-// reaches it: "w OFF LEN", "w+fua OFF LEN", "d OFF LEN", "z OFF LEN" (bytes)
-// and "flush".
+// pcRecDev is a memory device behind a stacktest.FaultDevice whose hook
+// records, in order, every request that reaches it: "w OFF LEN", "w+fua OFF
+// LEN", "d OFF LEN", "z OFF LEN" (bytes) and "flush".
 type pcRecDev struct {
-	*stack.MemDevice
+	*stacktest.FaultDevice
+	mem *stacktest.MemDevice
 	mu  sync.Mutex
 	log []string
 }
 
 func newPCRecDev(name string, sectors int64) *pcRecDev {
-	return &pcRecDev{MemDevice: stack.NewMemDevice(name, sectors*pcSector)}
+	f, mem := stacktest.NewMemFaultDevice(name, sectors*pcSector)
+	d := &pcRecDev{FaultDevice: f, mem: mem}
+	f.Inject(stacktest.Rule{Ops: stacktest.OpAll &^ stacktest.OpRead, Hook: func(ctx context.Context, op stacktest.Op, off, n int64) {
+		var s string
+		switch op {
+		case stacktest.OpWrite:
+			s = fmt.Sprintf("w %d %d", off, n)
+			if stack.FUA(ctx) {
+				s = fmt.Sprintf("w+fua %d %d", off, n)
+			}
+		case stacktest.OpDiscard:
+			s = fmt.Sprintf("d %d %d", off, n)
+		case stacktest.OpWriteZeroes:
+			s = fmt.Sprintf("z %d %d", off, n)
+		case stacktest.OpFlush:
+			s = "flush"
+		}
+		d.mu.Lock()
+		d.log = append(d.log, s)
+		d.mu.Unlock()
+	}})
+	return d
 }
 
-func (d *pcRecDev) record(s string) {
-	d.mu.Lock()
-	d.log = append(d.log, s)
-	d.mu.Unlock()
-}
+// Bytes returns the contents of the memory device.
+func (d *pcRecDev) Bytes() []byte { return d.mem.Bytes() }
 
 // take returns the log and empties it.
 func (d *pcRecDev) take() []string {
@@ -53,30 +75,6 @@ func (d *pcRecDev) take() []string {
 	l := d.log
 	d.log = nil
 	return l
-}
-
-func (d *pcRecDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	op := "w"
-	if stack.FUA(ctx) {
-		op = "w+fua"
-	}
-	d.record(fmt.Sprintf("%s %d %d", op, off, len(p)))
-	return d.MemDevice.WriteAt(ctx, p, off)
-}
-
-func (d *pcRecDev) Flush(ctx context.Context) error {
-	d.record("flush")
-	return d.MemDevice.Flush(ctx)
-}
-
-func (d *pcRecDev) Discard(ctx context.Context, off, n int64) error {
-	d.record(fmt.Sprintf("d %d %d", off, n))
-	return d.MemDevice.Discard(ctx, off, n)
-}
-
-func (d *pcRecDev) WriteZeroes(ctx context.Context, off, n int64) error {
-	d.record(fmt.Sprintf("z %d %d", off, n))
-	return d.MemDevice.WriteZeroes(ctx, off, n)
 }
 
 // pcCtor returns a Ctor for a segment of length sectors whose Open resolves
@@ -105,7 +103,7 @@ type pcTarget struct {
 // "<dev> <offset>".
 func newPC(t testing.TB, dev stack.BlockDevice, extra string) pcTarget {
 	t.Helper()
-	tg, err := stack.Powercut.New(pcCtor(dev.Size()/pcSector, dev), stack.SplitArgs(stack.EscapeArg(dev.Name())+" 0 "+extra))
+	tg, err := powercut.Type.New(pcCtor(dev.Size()/pcSector, dev), stack.SplitArgs(stack.EscapeArg(dev.Name())+" 0 "+extra))
 	if err != nil {
 		t.Fatalf("powercut %q: %v", extra, err)
 	}
@@ -131,7 +129,7 @@ func (p pcTarget) write(b []byte, off int64) {
 
 // settle waits until the destager is idle: what it wrote back is on the
 // device.
-func (p pcTarget) settle() { stack.PowercutSettle(p.Target) }
+func (p pcTarget) settle() { powercut.Settle(p.Target) }
 
 func (p pcTarget) fua(b []byte, off int64) {
 	p.t.Helper()
@@ -540,7 +538,7 @@ func TestPowercutDiscardAndZeroes(t *testing.T) {
 // TestPowercutTable: constructor errors, and the table form, which builds
 // the same target again (device names escaped).
 func TestPowercutTable(t *testing.T) {
-	dev := stack.NewMemDevice("/dev/my disk", 1024*pcSector)
+	dev := stacktest.NewMemDevice("/dev/my disk", 1024*pcSector)
 	for _, c := range []struct{ args, err string }{
 		{"", "Invalid argument count"},
 		{`/dev/my\ disk`, "Invalid argument count"},
@@ -555,7 +553,7 @@ func TestPowercutTable(t *testing.T) {
 		{`/dev/my\ disk 0 2 cache_sectors 4294967296`, "Invalid cache_sectors"},
 		{`/dev/my\ disk 0 2 cache_sectors 1 x`, "Too many arguments"},
 	} {
-		_, err := stack.Powercut.New(pcCtor(1024, dev), stack.SplitArgs(c.args))
+		_, err := powercut.Type.New(pcCtor(1024, dev), stack.SplitArgs(c.args))
 		if err == nil || !strings.Contains(err.Error(), c.err) || !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("%q: %v, want %q (EINVAL)", c.args, err, c.err)
 		}
@@ -567,7 +565,7 @@ func TestPowercutTable(t *testing.T) {
 		`/dev/my\ disk 0 2 cache_sectors 0`:     `/dev/my\ disk 0 2 cache_sectors 0`,
 		`/dev/my\ disk 0 2 cache_sectors 65536`: `/dev/my\ disk 0 2 cache_sectors 65536`,
 	} {
-		tg, err := stack.Powercut.New(pcCtor(1024, dev), stack.SplitArgs(args))
+		tg, err := powercut.Type.New(pcCtor(1024, dev), stack.SplitArgs(args))
 		if err != nil {
 			t.Errorf("%q: %v", args, err)
 			continue
@@ -576,7 +574,7 @@ func TestPowercutTable(t *testing.T) {
 		if got != table {
 			t.Errorf("%q: table %q, want %q", args, got, table)
 		}
-		again, err := stack.Powercut.New(pcCtor(1024, dev), stack.SplitArgs(got))
+		again, err := powercut.Type.New(pcCtor(1024, dev), stack.SplitArgs(got))
 		if err != nil || again.Status(stack.StatusTable) != got {
 			t.Errorf("table %q does not build the same target again: %v", got, err)
 		}
@@ -909,7 +907,7 @@ func TestPowercutUnderMultipath(t *testing.T) {
 	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(stack.Linear, stack.Multipath, stack.Powercut, delay.Type)
+	reg, err := stack.NewRegistry(stack.Linear, multipath.Type, powercut.Type, delay.Type)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1005,7 +1003,7 @@ func TestPowercutAllocs(t *testing.T) {
 	if pcRaceBuild() {
 		t.Skip("sync.Pool drops items under -race")
 	}
-	dev := stack.NewMemDevice("mem", 2048*pcSector)
+	dev := stacktest.NewMemDevice("mem", 2048*pcSector)
 	pc := newPC(t, dev, "")
 	ctx := context.Background()
 	b := fill('a', 4096)
@@ -1048,8 +1046,8 @@ func FuzzPowercut(f *testing.F) {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, params, msg string) {
-		dev := stack.NewMemDevice("mem", 64*pcSector)
-		tg, err := stack.Powercut.New(pcCtor(32, dev), stack.SplitArgs("mem "+params))
+		dev := stacktest.NewMemDevice("mem", 64*pcSector)
+		tg, err := powercut.Type.New(pcCtor(32, dev), stack.SplitArgs("mem "+params))
 		if err != nil {
 			if !errors.Is(err, syscall.EINVAL) || err.Error() == "" {
 				t.Fatalf("%q: %v, want EINVAL with a reason", params, err)
@@ -1058,7 +1056,7 @@ func FuzzPowercut(f *testing.F) {
 		}
 		defer tg.Close()
 		table := tg.Status(stack.StatusTable)
-		again, err := stack.Powercut.New(pcCtor(32, dev), stack.SplitArgs(table))
+		again, err := powercut.Type.New(pcCtor(32, dev), stack.SplitArgs(table))
 		if err != nil || again.Status(stack.StatusTable) != table {
 			t.Fatalf("%q: table %q does not build the same target: %v", params, table, err)
 		}
@@ -1083,8 +1081,8 @@ func FuzzPowercut(f *testing.F) {
 // pcBenchTarget is a linear or powercut target (name) over the whole of a
 // memory device of size bytes, closed when b ends.
 func pcBenchTarget(b *testing.B, name string, size int64) stack.Target {
-	dev := stack.NewMemDevice("mem", size)
-	tg, err := map[string]*stack.TargetType{"linear": stack.Linear, "powercut": stack.Powercut}[name].New(
+	dev := stacktest.NewMemDevice("mem", size)
+	tg, err := map[string]*stack.TargetType{"linear": stack.Linear, "powercut": powercut.Type}[name].New(
 		pcCtor(dev.Size()/pcSector, dev), []string{"mem", "0"})
 	if err != nil {
 		b.Fatal(err)
@@ -1119,40 +1117,18 @@ func BenchmarkPowercutWrite(b *testing.B) {
 	}
 }
 
-// pcFaultDev is a memory device whose writes fail while failWrites is set
-// and whose reads first run onRead, if set.
-type pcFaultDev struct {
-	*stack.MemDevice
-	failWrites atomic.Bool
-	onRead     func()
-}
-
-func (d *pcFaultDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if d.failWrites.Load() {
-		return 0, syscall.EIO
-	}
-	return d.MemDevice.WriteAt(ctx, p, off)
-}
-
-func (d *pcFaultDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if d.onRead != nil {
-		d.onRead()
-	}
-	return d.MemDevice.ReadAt(ctx, p, off)
-}
-
 // TestPowercutDeviceErrors: a write-back that fails keeps the entries it did
 // not write in the cache (still read back, written by the next flush); a
 // flush reports its own, and a failed write-back of the destager goes to the
 // first write that needs room after it, the write that set it to work
 // having gone on.
 func TestPowercutDeviceErrors(t *testing.T) {
-	dev := &pcFaultDev{MemDevice: stack.NewMemDevice("mem", 64*pcSector)}
+	dev, mem := stacktest.NewMemFaultDevice("mem", 64*pcSector)
 	pc := newPC(t, dev, "2 cache_sectors 16")
 	ctx := context.Background()
 	pc.write(fill('a', 8*pcSector), 0)
 	pc.write(fill('b', 8*pcSector), 8*pcSector)
-	dev.failWrites.Store(true)
+	fail := dev.Fail(stacktest.OpWrite, syscall.EIO)
 	if err := pc.Target.(stack.Flusher).Flush(ctx); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("flush with a failing device: %v, want EIO", err)
 	}
@@ -1169,19 +1145,19 @@ func TestPowercutDeviceErrors(t *testing.T) {
 	if got := pc.read(0, 18*pcSector); !bytes.Equal(got, append(append(fill('a', 4096), fill('b', 4096)...), append(fill('c', 512), fill('d', 512)...)...)) {
 		t.Fatal("cached data does not read back after failed write-backs")
 	}
-	dev.failWrites.Store(false)
+	fail.Remove()
 	pc.flush()
-	if !bytes.Equal(dev.Bytes()[:18*pcSector], pc.read(0, 18*pcSector)) || pc.msg("dirty") != "no cached writes" {
+	if !bytes.Equal(mem.Bytes()[:18*pcSector], pc.read(0, 18*pcSector)) || pc.msg("dirty") != "no cached writes" {
 		t.Fatal("the flush after the device recovered did not write the cache back")
 	}
 
 	// A failed write-back of the destager that a flush has made good since
 	// is not reported.
-	dev.failWrites.Store(true)
+	fail = dev.Fail(stacktest.OpWrite, syscall.EIO)
 	pc.write(fill('e', 16*pcSector), 0)
 	pc.write(fill('e', pcSector), 16*pcSector)
 	pc.settle()
-	dev.failWrites.Store(false)
+	fail.Remove()
 	pc.flush()
 	pc.write(fill('f', 16*pcSector), 0)
 	if _, err := pc.WriteAt(ctx, fill('g', pcSector), 16*pcSector); err != nil {
@@ -1193,10 +1169,10 @@ func TestPowercutDeviceErrors(t *testing.T) {
 // change what the cache holds tries again, and after three tries holds
 // write-backs off; it returns the newest data either way.
 func TestPowercutReadRetries(t *testing.T) {
-	dev := &pcFaultDev{MemDevice: stack.NewMemDevice("mem", 64*pcSector)}
+	dev, _ := stacktest.NewMemFaultDevice("mem", 64*pcSector)
 	pc := newPC(t, dev, "")
 	reads := 0
-	dev.onRead = func() {
+	dev.Inject(stacktest.Rule{Ops: stacktest.OpRead, Hook: func(context.Context, stacktest.Op, int64, int64) {
 		// The first three device reads each see a write-back happen
 		// under them; later ones (the read then holds write-backs off)
 		// must not flush.
@@ -1205,7 +1181,7 @@ func TestPowercutReadRetries(t *testing.T) {
 			pc.flush()
 			pc.write(fill('n', pcSector), 10*pcSector)
 		}
-	}
+	}})
 	pc.write(fill('x', pcSector), 0)
 	got := pc.read(0, 12*pcSector)
 	want := bytes.Join([][]byte{fill('x', pcSector), fill('1', pcSector), fill('2', pcSector), fill('3', pcSector),
@@ -1300,7 +1276,7 @@ func pcLogStack(t *testing.T, tables ...[2]string) (m *stack.Manager, img, logIm
 			t.Fatal(err)
 		}
 	}
-	reg, err := stack.NewRegistry(stack.LogWrites, stack.Powercut)
+	reg, err := stack.NewRegistry(logwrites.Type, powercut.Type)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1446,19 +1422,19 @@ func TestPowercutMemory(t *testing.T) {
 		c.Memory = func(n int64) { held += n }
 		return c
 	}
-	dev := stack.NewMemDevice("mem", 64*pcSector)
-	a, err := stack.Powercut.New(ctor(64, dev), []string{"mem", "0"})
+	dev := stacktest.NewMemDevice("mem", 64*pcSector)
+	a, err := powercut.Type.New(ctor(64, dev), []string{"mem", "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := stack.Powercut.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors 2048"))
+	b, err := powercut.Type.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors 2048"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := int64(2 * (32<<20 + 1<<20)); held != want {
 		t.Errorf("a 32 MiB and a 1 MiB cache account %d bytes, want %d (twice the bounds)", held, want)
 	}
-	if _, err := stack.Powercut.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors x")); err == nil {
+	if _, err := powercut.Type.New(ctor(64, dev), stack.SplitArgs("mem 0 2 cache_sectors x")); err == nil {
 		t.Fatal("a bad table built")
 	}
 	a.Close()
@@ -1466,7 +1442,7 @@ func TestPowercutMemory(t *testing.T) {
 	if held != 0 {
 		t.Errorf("after Close (and a constructor that failed) %d bytes are still accounted", held)
 	}
-	c, err := stack.Powercut.New(pcCtor(64, dev), []string{"mem", "0"})
+	c, err := powercut.Type.New(pcCtor(64, dev), []string{"mem", "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1477,7 +1453,7 @@ func TestPowercutMemory(t *testing.T) {
 	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(stack.Powercut)
+	reg, err := stack.NewRegistry(powercut.Type)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1536,28 +1512,12 @@ type pcWaiter struct{ n atomic.Int32 }
 
 func (w *pcWaiter) Waiting() { w.n.Add(1) }
 
-// pcGateDev is a memory device that can hold one write until released.
-type pcGateDev struct {
-	*stack.MemDevice
-	hold    atomic.Bool
-	held    chan struct{}
-	release chan struct{}
-}
-
-func (d *pcGateDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if d.hold.CompareAndSwap(true, false) {
-		d.held <- struct{}{}
-		<-d.release
-	}
-	return d.MemDevice.WriteAt(ctx, p, off)
-}
-
 // TestPowercutWaiting: the requests that write back a lot (a flush of more
 // than 1024 entries, the write that destages 4 MiB), and those that wait
 // for such a write-back, tell their transport that they wait; cached
 // writes, and a flush of a few entries, do not.
 func TestPowercutWaiting(t *testing.T) {
-	dev := &pcGateDev{MemDevice: stack.NewMemDevice("mem", 64<<20), held: make(chan struct{}), release: make(chan struct{})}
+	dev, _ := stacktest.NewMemFaultDevice("mem", 64<<20)
 	pc := newPC(t, dev, "")
 	var w pcWaiter
 	ctx := hints.WithWaiter(context.Background(), &w)
@@ -1591,21 +1551,21 @@ func TestPowercutWaiting(t *testing.T) {
 
 	// A FUA write that finds a long write-back under way.
 	writes(context.Background(), 1100)
-	dev.hold.Store(true)
+	gate := dev.Inject(stacktest.Rule{Ops: stacktest.OpWrite, Hold: true, Times: 1})
 	errs := make(chan error, 2)
 	go func() { errs <- flush(context.Background()) }()
-	<-dev.held
+	held := <-gate.Held()
 	go func() {
 		_, err := pc.WriteAt(stack.WithFUA(ctx), fill(2, 4096), 0)
 		errs <- err
 	}()
 	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			close(dev.release)
+			held.Release()
 			t.Fatal("a FUA write behind a flush of 1100 entries did not call Waiting")
 		}
 	}
-	close(dev.release)
+	held.Release()
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
@@ -1624,7 +1584,7 @@ func TestPowercutWaiting(t *testing.T) {
 // cached entries), and one that overlaps a cached entry waits for room in the
 // cache; at the end a flush leaves every write on the device.
 func TestPowercutWriteAround(t *testing.T) {
-	dev := &pcGateDev{MemDevice: stack.NewMemDevice("mem", 4<<20), held: make(chan struct{}), release: make(chan struct{})}
+	dev, mem := stacktest.NewMemFaultDevice("mem", 4<<20)
 	pc := newPC(t, dev, "2 cache_sectors 256")
 	want := make([]byte, 4<<20)
 	write := func(b []byte, off int64) {
@@ -1635,12 +1595,12 @@ func TestPowercutWriteAround(t *testing.T) {
 	for i := range 32 {
 		write(fill(byte(i+1), 4096), int64(i)*4096)
 	}
-	dev.hold.Store(true)
+	gate := dev.Inject(stacktest.Rule{Ops: stacktest.OpWrite, Hold: true, Times: 1})
 	var wg sync.WaitGroup
 	b := fill(0xd0, 4096)
 	copy(want[128<<10:], b)
 	wg.Go(func() { pc.WriteAt(context.Background(), b, 128<<10) }) // crosses the bound: destages
-	<-dev.held
+	held := <-gate.Held()
 	for i := range 3 {
 		write(fill(byte(0x40+i), 4096), 1<<20+int64(i)*4096)
 	}
@@ -1649,18 +1609,18 @@ func TestPowercutWriteAround(t *testing.T) {
 	wg.Go(func() { pc.WriteAt(context.Background(), small, 2<<20) }) // past 9/8: waits for room
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(pc.Status(stack.StatusInfo), "cached 37 289 "); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			close(dev.release)
+			held.Release()
 			t.Fatalf("the cache did not reach 289 sectors: %s", pc.Status(stack.StatusInfo))
 		}
 	}
 	around := fill(0xa0, 4096)
 	write(around, 3<<20)
-	if got := dev.Bytes()[3<<20 : 3<<20+4096]; !bytes.Equal(got, around) {
-		close(dev.release)
+	if got := mem.Bytes()[3<<20 : 3<<20+4096]; !bytes.Equal(got, around) {
+		held.Release()
 		t.Fatal("a write that overlaps no cached entry, past 9/8 of the bound, did not reach the device at once")
 	}
 	if st := pc.Status(stack.StatusInfo); !strings.Contains(st, "cached 37 289 ") || !strings.Contains(st, " around 1 ") {
-		close(dev.release)
+		held.Release()
 		t.Fatalf("status %q after a write around the cache: want it not cached, and counted", st)
 	}
 	over := fill(0xb0, 4096)
@@ -1669,15 +1629,15 @@ func TestPowercutWriteAround(t *testing.T) {
 	wg.Go(func() { pc.WriteAt(hints.WithWaiter(context.Background(), &w), over, 4096) }) // overlaps a cached entry: waits
 	for deadline := time.Now().Add(10 * time.Second); w.n.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			close(dev.release)
+			held.Release()
 			t.Fatal("a write waiting for room did not tell its transport (hints.Waiting)")
 		}
 	}
-	close(dev.release)
+	held.Release()
 	wg.Wait()
 	pc.flush()
-	if !bytes.Equal(dev.Bytes(), want) {
-		t.Fatalf("after the flush the device differs from the writes at byte %d", firstDiffPC(dev.Bytes(), want))
+	if !bytes.Equal(mem.Bytes(), want) {
+		t.Fatalf("after the flush the device differs from the writes at byte %d", firstDiffPC(mem.Bytes(), want))
 	}
 	if st := pc.Status(stack.StatusInfo); !strings.Contains(st, " around 1 ") {
 		t.Fatalf("status %q: want exactly the one write around the cache", st)
