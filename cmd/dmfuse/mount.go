@@ -34,7 +34,7 @@ type MountCmd struct {
 
 	Transport     string `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
 	EnableURing   bool   `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
-	Poll          string `help:"How each io_uring queue waits for its next request: auto polls up to 50us each time a queue runs dry, while its polls find requests (an idle daemon burns no CPU); 0 never polls; a duration (50us) polls up to that long every time." default:"auto" placeholder:"auto|0|DURATION"`
+	Poll          string `help:"How each io_uring queue waits for its next request: auto polls up to 50us when a queue runs dry while the daemon's requests come in quick succession, on any queue, and the CPU is not contended (sparse I/O and an idle daemon burn no CPU); 0 never polls; a duration (50us) polls up to that long every time the CPU is not contended." default:"auto" placeholder:"auto|0|DURATION"`
 	Interruptible bool   `help:"Let a signal end I/O a device holds (suspended, delayed, queued without a path) with EINTR; by default held I/O waits through signals, as on a dm device."`
 	URingDepth    int    `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 64)." default:"0"`
 

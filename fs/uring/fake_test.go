@@ -589,56 +589,6 @@ func TestContextFUA(t *testing.T) {
 	}
 }
 
-// TestPoller: adaptive polling polls while polls find work, and after two
-// misses in a row only every probeEvery-th time.
-func TestPoller(t *testing.T) {
-	var p poller
-	p.init(0)
-	w := int64(DefaultPollWindow)
-	for range 10 {
-		if p.window() != w {
-			t.Fatal("no poll while polls hit")
-		}
-		p.polled(true)
-	}
-	p.window()
-	p.polled(false)
-	if p.window() != w {
-		t.Fatal("stopped after one miss")
-	}
-	p.polled(false)
-	polls := 0
-	for range 3 * probeEvery {
-		if p.window() > 0 {
-			polls++
-			p.polled(false)
-		}
-	}
-	if polls != 3 {
-		t.Errorf("%d polls in %d dry periods after misses, want 3", polls, 3*probeEvery)
-	}
-	for p.window() == 0 {
-	}
-	p.polled(true)
-	if p.window() != w {
-		t.Error("no polling after a poll found work")
-	}
-	// A deep queue (many requests between dry moments) does not poll.
-	p.burst = maxBurst + 1
-	if p.window() != 0 {
-		t.Error("polls a deep queue")
-	}
-	if p.window() != w {
-		t.Error("no poll once the queue is shallow again")
-	}
-	var off, fixed poller
-	off.init(PollOff)
-	fixed.init(time.Millisecond)
-	if off.window() != 0 || fixed.window() != int64(time.Millisecond) {
-		t.Error("off or fixed polling")
-	}
-}
-
 // sleepsAfter waits until the queue's leader has slept more than n times
 // and is asleep, and returns the timeouts of all its sleeps.
 func (r *fakeRing) sleepsAfter(t *testing.T, n int) []int64 {

@@ -28,8 +28,8 @@ const (
 	// entry (78% of 64/delay against 95% with 64), and 64 cost nothing
 	// at 2x32 on a fast device (1.02x).
 	DefaultDepth = 64
-	// DefaultPollWindow is how long a queue polls for its next request in
-	// adaptive polling (Config.Poll 0).
+	// DefaultPollWindow is the longest a queue polls for its next request
+	// in adaptive polling (Config.Poll 0).
 	DefaultPollWindow = 50 * time.Microsecond
 	// DefaultSubmitBatch is Config.SubmitBatch's default: the replies a
 	// queue holds before it submits them, unless it runs dry first (2x32
@@ -57,10 +57,11 @@ type Config struct {
 	// wants at least max(8192, max_write, max_pages x page size).
 	PayloadSize int
 	// Poll is how a queue's thread waits for its next request. 0 polls
-	// adaptively: up to DefaultPollWindow each time the queue runs dry,
-	// while its polls find requests (see poller), so an idle daemon burns
-	// no CPU. A positive value polls up to that long every time, PollOff
-	// never polls.
+	// adaptively: up to DefaultPollWindow when the queue runs dry, while
+	// the daemon's recent requests, on any queue, came in quick succession
+	// and the CPU is not contended (see pollPolicy), so that sparse I/O
+	// and an idle daemon burn no CPU. A positive value polls up to that
+	// long every time the CPU is not contended, PollOff never polls.
 	Poll time.Duration
 	// Clock is the time source of the watchdog and of polling (nil: the
 	// monotonic clock).
@@ -127,6 +128,7 @@ type Server struct {
 	fs     fuse.RawFileSystem
 
 	expectMargin int64 // Config.ExpectMargin, ns; negative: off
+	poll         pollPolicy
 
 	// byCancel maps each entry's cancel channel to the entry, for Context;
 	// replaced as a whole (under mu) when an interrupt renews a channel.
@@ -255,6 +257,7 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 		s.clock = clock.System
 	}
 	s.dog = newWatchdog(s, int64(cfg.TakeoverAfter))
+	s.poll.init(cfg.Poll)
 	m := make(map[<-chan struct{}]*entry, len(rings)*cfg.Depth)
 	for i, r := range rings {
 		q := newQueue(s, i, r, mems[i])
@@ -265,6 +268,17 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	}
 	s.byCancel.Store(&m)
 	return s
+}
+
+// others returns how many requests the queues other than q have received.
+func (s *Server) others(q *queue) uint64 {
+	var n uint64
+	for _, o := range s.queues {
+		if o != q {
+			n += o.requests.Load()
+		}
+	}
+	return n
 }
 
 // release frees rings and buffers of queues that have no threads.
@@ -370,7 +384,8 @@ func (s *Server) Wait() {
 	<-s.done
 }
 
-// Stats counts a Server's hand-offs: a queue going to another thread.
+// Stats counts a Server's hand-offs (a queue going to another thread) and
+// describes its polling.
 type Stats struct {
 	// Waiting counts hand-offs because a request said it waits
 	// (hints.Waiting); Watchdog those because a request held a queue's
@@ -386,16 +401,32 @@ type Stats struct {
 	// Interrupts counts FUSE_INTERRUPTs that reached a ring request
 	// (Interrupt closed its cancel channel).
 	Interrupts uint64
+	// Polls counts the spins of queues that ran dry because the polling
+	// policy expected a request soon (or the window is fixed), Probes
+	// those that tested whether requests come densely again; PollHits
+	// those of either kind that found a request on their queue, and
+	// PollContended those cut short because another thread wanted the
+	// CPU (see pollPolicy). PollTime is the time the queues spent
+	// spinning, for requests and for replies of waiting requests.
+	Polls, Probes, PollHits, PollContended uint64
+	PollTime                               time.Duration
+	// Polling says whether a queue that runs dry now would poll.
+	Polling bool
 }
 
 // Stats returns the hand-off counts so far.
 func (s *Server) Stats() Stats {
-	st := Stats{Interrupts: s.interrupts.Load()}
+	st := Stats{Interrupts: s.interrupts.Load(), Polling: s.poll.predicts(s.clock.Nanotime())}
 	for _, q := range s.queues {
 		st.Waiting += q.hinted.Load()
 		st.Watchdog += q.takenOver.Load()
 		st.Offloaded += q.offloaded.Load()
 		st.Requests = append(st.Requests, q.requests.Load())
+		st.Polls += q.poll.polls.Load()
+		st.Probes += q.poll.probes.Load()
+		st.PollHits += q.poll.hits.Load()
+		st.PollContended += q.poll.contended.Load()
+		st.PollTime += time.Duration(q.poll.spun.Load())
 		q.mu.Lock()
 		st.Threads += q.threads
 		q.mu.Unlock()
