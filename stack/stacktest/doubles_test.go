@@ -19,8 +19,8 @@ func TestOpenerMatchesManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	t.Cleanup(m.RemoveAll)
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	t.Cleanup(func() { m.Close() })
 	dir := t.TempDir()
 	open := stacktest.Opener{"mem": stacktest.NewMemDevice("mem", 1<<20)}
 	for _, arg := range []string{"nosuch", "253:77", "4095:99", "./missing.img", dir + "/missing.img", "99999999999:1"} {
