@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,7 +91,7 @@ func TestDmsetupClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if mounted(mnt) {
+		if export.Mounted(mnt) {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})
@@ -164,7 +165,7 @@ func TestDmsetupThawAfterUnmount(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if mounted(mnt) {
+		if export.Mounted(mnt) {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})

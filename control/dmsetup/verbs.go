@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // The verbs, each as dmsetup's function of the same name does it. A verb
@@ -177,7 +178,8 @@ func (r *run) reportOf(name string) []control.DeviceReport {
 
 // createConcise is dmsetup's _create_concise: devices separated by `;`,
 // each name,uuid,minor,flags,table[,table...], `\` escaping the next
-// character; it stops at the first failure.
+// character (stack.ScanConcise reads them); it creates each device as it
+// is read and stops at the first failure.
 func (r *run) createConcise(args []string) bool {
 	if r.o.on("table") || r.o.on("minor") || r.o.on("uuid") || r.o.on("notable") || r.o.on("inactive") {
 		r.errf("--concise is incompatible with --[no]table, --minor, --uuid and --inactive.")
@@ -194,79 +196,44 @@ func (r *run) createConcise(args []string) bool {
 		}
 		spec = string(b)
 	}
-	fields := []string{""}
-	parsed := func() string {
-		f := append(append([]string(nil), fields...), make([]string, 5)...)
-		return fmt.Sprintf("Parsed %d fields: name: %s uuid: %s minor: %s flags: %s table: %s",
-			len(fields), f[0], nilText(f[1], len(fields) > 1), nilText(f[2], len(fields) > 2), nilText(f[3], len(fields) > 3), nilText(f[4], len(fields) > 4))
-	}
-	cur := &strings.Builder{}
-	skipSpace := func(i int) int {
-		for i+1 < len(spec) && isSpace(spec[i+1]) {
-			i++
+	ok := true
+	stack.ScanConcise(spec, false, func(e stack.ConciseEntry) bool {
+		fields := e.Fields
+		if len(fields) > 5 {
+			fields = append(fields[:4:4], strings.Join(fields[4:], "\n"))
 		}
-		return i
-	}
-	for i := 0; i < len(spec); i++ {
-		c := spec[i]
+		parsed := func() string {
+			f := append(append([]string(nil), fields...), make([]string, 5)...)
+			return fmt.Sprintf("Parsed %d fields: name: %s uuid: %s minor: %s flags: %s table: %s",
+				len(fields), f[0], nilText(f[1], len(fields) > 1), nilText(f[2], len(fields) > 2), nilText(f[3], len(fields) > 3), nilText(f[4], len(fields) > 4))
+		}
 		switch {
-		case c == '\\':
-			if i+1 >= len(spec) {
-				fields[len(fields)-1] = cur.String()
-				r.errf("Backslash must be followed by another character at end of string.")
-				r.errf("%s", parsed())
-				return false
-			}
-			i++
-			cur.WriteByte(spec[i])
-			continue
-		case c == ',' && len(fields) < 5:
-			fields[len(fields)-1] = cur.String()
-			fields = append(fields, "")
-			cur.Reset()
-			i = skipSpace(i)
-			continue
-		case c == ',':
-			cur.WriteByte('\n')
-			continue
-		case c == ';' || i+1 == len(spec):
-			if c != ';' {
-				cur.WriteByte(c)
-			}
-			fields[len(fields)-1] = cur.String()
-			cur.Reset()
-			if len(fields) != 5 {
-				r.errf("Five comma-separated fields are required for each device")
-				r.errf("%s", parsed())
-				return false
-			}
+		case e.Err == stack.ErrConciseBackslash:
+			r.errf("Backslash must be followed by another character at end of string.")
+		case e.Err == stack.ErrConciseIncomplete:
+			r.errf("Incomplete entry: five comma-separated fields are required for each device")
+		case len(fields) != 5:
+			r.errf("Five comma-separated fields are required for each device")
+		case fields[3] != "" && fields[3] != "ro" && fields[3] != "rw":
+			r.errf("Invalid flags parameter '%s' must be 'ro' or 'rw' or empty.", fields[3])
+			ok = false
+			return false
+		default:
 			var minor *uint32
 			if fields[2] != "" {
 				n, _ := atoi(fields[2])
 				m := uint32(n)
 				minor = &m
 			}
-			if fields[3] != "" && fields[3] != "ro" && fields[3] != "rw" {
-				r.errf("Invalid flags parameter '%s' must be 'ro' or 'rw' or empty.", fields[3])
-				return false
-			}
-			text, _, ok := r.parseLines(fields[4], "")
-			if !ok || !r.createOne(fields[0], fields[1], minor, fields[3] == "ro", &text) {
-				return false
-			}
-			fields = []string{""}
-			i = skipSpace(i)
-			continue
+			text, _, good := r.parseLines(fields[4], "")
+			ok = good && r.createOne(fields[0], fields[1], minor, fields[3] == "ro", &text)
+			return ok
 		}
-		cur.WriteByte(c)
-	}
-	if cur.Len() > 0 || len(fields) > 1 {
-		fields[len(fields)-1] = cur.String()
-		r.errf("Incomplete entry: five comma-separated fields are required for each device")
 		r.errf("%s", parsed())
+		ok = false
 		return false
-	}
-	return true
+	})
+	return ok
 }
 
 // nilText prints a concise field as dmsetup's %s does: "(null)" for a field
@@ -276,10 +243,6 @@ func nilText(s string, set bool) string {
 		return "(null)"
 	}
 	return s
-}
-
-func isSpace(c byte) bool {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
 }
 
 func (r *run) load(args []string, _ bool) bool {
