@@ -3,6 +3,7 @@ package metadata
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand"
 	"slices"
 	"testing"
@@ -162,6 +163,20 @@ func TestStoreRandomAgainstModel(t *testing.T) {
 	var maxMeta, maxData uint32
 	for r := 0; r < rounds; r++ {
 		randomOps(t, rng, p, m, 60, &next)
+		if r%5 == 2 {
+			// Two snapshots in a row: three devices share a tree.
+			var origin uint32
+			for origin = range m {
+				break
+			}
+			for i := 0; i < 2; i++ {
+				if err := p.CreateSnap(next, origin); err != nil {
+					t.Fatal(err)
+				}
+				m[next] = maps.Clone(m[origin])
+				next++
+			}
+		}
 		if err := p.Commit(); err != nil {
 			t.Fatal(err)
 		}
