@@ -16,6 +16,7 @@ type thinDev struct {
 
 var _ Thin = (*thinDev)(nil)
 
+// ID is the device's id.
 func (t *thinDev) ID() uint32 { return t.st.id }
 
 // root returns the device's mapping tree root; called with p.mu held.
