@@ -229,6 +229,10 @@ func (m *Metadata) NewBlock() (uint64, error) {
 			begin, end = 0, min(m.cursor, m.nrBlocks)
 		}
 		for b := begin; b < end; b++ {
+			if b%64 == 0 && b+64 <= end && m.used[b/64] == ^uint64(0) {
+				b += 63 // all 64 were in use at the last commit
+				continue
+			}
 			if m.allocatable(b) {
 				m.set(b, 1)
 				m.cursor = b + 1
