@@ -19,6 +19,9 @@ var (
 	ErrNoDevice = errors.New("no such device")
 	// ErrNoSpace: no free data (or metadata) block.
 	ErrNoSpace = errs.ErrNoSpace
+	// ErrNoMetadataSpace: no free metadata block (the kernel's metadata
+	// ENOSPC, which aborts the transaction); it wraps ErrNoSpace.
+	ErrNoMetadataSpace = errs.ErrNoMetadataSpace
 	// ErrReadOnly: the store was opened or set read-only.
 	ErrReadOnly = errs.ErrReadOnly
 	// ErrBusy: a thin device is open, or a metadata snapshot is

@@ -248,8 +248,8 @@ func TestFormatEmptyDataThenGrow(t *testing.T) {
 	if n, _ := p.DataBlocks(); n != 0 {
 		t.Fatalf("%d data blocks, want 0", n)
 	}
-	if _, err := p.AllocDataBlock(); !errors.Is(err, ErrNoSpace) {
-		t.Fatalf("alloc from no data blocks: %v", err)
+	if _, err := p.AllocDataBlock(); !errors.Is(err, ErrNoSpace) || errors.Is(err, ErrNoMetadataSpace) {
+		t.Fatalf("alloc from no data blocks: %v, want ErrNoSpace alone", err)
 	}
 	if _, err := exec.LookPath("thin_check"); err == nil {
 		runTool(t, "thin_check", path)
@@ -306,8 +306,8 @@ func TestMetadataFull(t *testing.T) {
 		}
 		full = err
 	}
-	if !errors.Is(full, ErrNoSpace) {
-		t.Fatalf("filling the metadata: %v, want ErrNoSpace", full)
+	if !errors.Is(full, ErrNoMetadataSpace) || !errors.Is(full, ErrNoSpace) {
+		t.Fatalf("filling the metadata: %v, want ErrNoMetadataSpace", full)
 	}
 	if err := p.Abort(); err != nil {
 		t.Fatal(err)

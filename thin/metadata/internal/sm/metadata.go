@@ -240,7 +240,7 @@ func (m *Metadata) NewBlock() (uint64, error) {
 			}
 		}
 	}
-	return 0, fmt.Errorf("metadata space map: %w (%d blocks)", errs.ErrNoSpace, m.nrBlocks)
+	return 0, fmt.Errorf("metadata space map of %d blocks: %w", m.nrBlocks, errs.ErrNoMetadataSpace)
 }
 
 // NrBlocks and NrFree are the size and the blocks with no reference.
