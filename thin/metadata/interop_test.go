@@ -12,12 +12,16 @@ import (
 )
 
 // The interop tests run the thin-provisioning-tools when they are
-// installed (CI installs them).
+// installed. CI installs them and sets DMFUSE_REQUIRE_FUSE=1, under which a
+// missing tool fails the test instead of skipping it.
 
 func needTool(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
+		if os.Getenv("DMFUSE_REQUIRE_FUSE") == "1" {
+			t.Fatalf("%s not installed (DMFUSE_REQUIRE_FUSE=1)", name)
+		}
 		t.Skipf("%s not installed", name)
 	}
 	return p
