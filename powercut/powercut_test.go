@@ -22,6 +22,7 @@ import (
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/internal/hints"
 	"github.com/dmfuse/dmfuse/logwrites"
+	"github.com/dmfuse/dmfuse/multipath"
 	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
@@ -906,12 +907,12 @@ func TestPowercutUnderMultipath(t *testing.T) {
 	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(stack.Linear, stack.Multipath, powercut.Type, delay.Type)
+	reg, err := stack.NewRegistry(stack.Linear, multipath.Type, powercut.Type, delay.Type)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	defer m.Close()
 	for _, c := range []struct{ name, table string }{
 		{"slow", "0 2048 delay " + img + " 0 0 " + img + " 0 1"},
 		{"pc", "0 2048 powercut slow 0"},
@@ -1279,8 +1280,8 @@ func pcLogStack(t *testing.T, tables ...[2]string) (m *stack.Manager, img, logIm
 	if err != nil {
 		t.Fatal(err)
 	}
-	m = stack.NewManager(context.Background(), reg, nil)
-	t.Cleanup(func() { m.RemoveAll() })
+	m = stack.NewManager(stack.ManagerOptions{Registry: reg})
+	t.Cleanup(func() { m.Close() })
 	for _, c := range tables {
 		table := strings.NewReplacer("IMG", img, "LOG", logImg).Replace(c[1])
 		if _, err := m.Create(stack.CreateOptions{Name: c[0], Minor: -1, Table: table}); err != nil {
@@ -1313,7 +1314,7 @@ func pcLogWorkload(t *testing.T, m *stack.Manager, dev string, remove ...string)
 		t.Fatal(err)
 	}
 	for _, name := range remove {
-		if err := m.Remove(name); err != nil {
+		if err := m.Remove(name, stack.Flags{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1365,7 +1366,7 @@ func TestPowercutUnderLogWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"lw", "pc"} {
-		if err := m.Remove(name); err != nil {
+		if err := m.Remove(name, stack.Flags{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1456,16 +1457,15 @@ func TestPowercutMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
-	m.Memory = func(n int64) { held += n }
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Memory: func(n int64) { held += n }})
+	defer m.Close()
 	if _, err := m.Create(stack.CreateOptions{Name: "pc", Minor: -1, Table: "0 2048 powercut " + img + " 0 2 cache_sectors 1024"}); err != nil {
 		t.Fatal(err)
 	}
 	if held != 1<<20 {
 		t.Errorf("a device over a 512 KiB cache accounts %d bytes through its Manager, want %d", held, 1<<20)
 	}
-	if err := m.Remove("pc"); err != nil {
+	if err := m.Remove("pc", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if held != 0 {

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"syscall"
 
 	"github.com/dmfuse/dmfuse/stats"
 )
@@ -63,3 +64,17 @@ func (errorTarget) OwnsDiscards() {}
 
 func (errorTarget) Status(StatusType) string { return "" }
 func (errorTarget) Close() error             { return nil }
+
+// ErrPushBack is the error of an I/O that a target pushes back to the device
+// (dm's DM_MAPIO_REQUEUE and DM_ENDIO_REQUEUE): multipath returns it when it
+// finds no usable path while the device is being suspended with noflush and
+// queue_if_no_path is off (as presuspend turns it off). During a noflush
+// suspend the device holds such an I/O at its gate and issues it again
+// after resume; otherwise it fails with EIO, which ErrPushBack wraps (as the
+// kernel turns a push-back into EIO outside a noflush suspend).
+var ErrPushBack error = pushBackError{}
+
+type pushBackError struct{}
+
+func (pushBackError) Error() string { return "multipath: no usable path: I/O pushed back" }
+func (pushBackError) Unwrap() error { return syscall.EIO }

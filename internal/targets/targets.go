@@ -8,6 +8,7 @@ package targets
 import (
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/logwrites"
+	"github.com/dmfuse/dmfuse/multipath"
 	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
 )
@@ -23,8 +24,8 @@ func All() []*stack.TargetType {
 		stack.Error,
 		stack.Flakey,
 		stack.Dust,
-		stack.Multipath,
 		delay.Type,
+		multipath.Type,
 		logwrites.Type,
 		powercut.Type,
 	}

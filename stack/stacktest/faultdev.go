@@ -165,14 +165,16 @@ func (f *Fault) hold(op Op, off, n int64) {
 // (Inject): it fails reads, writes, flushes, discards and write-zeroes on
 // ranges or after a number of them with an error of the test's choice,
 // runs hooks inside them, holds them until the test releases them, and
-// counts every I/O that reaches it (Count). It prints as its device's name,
-// has its size and passes on its limits (stack.LimitsOf). It is the one
+// counts every I/O that reaches it (Count). It prints as its device's name
+// (or another, NewNamedFaultDevice), has its size and passes on its limits (stack.LimitsOf). It is the one
 // fault-injecting device of the tests of dmfuse's targets.
 type FaultDevice struct {
 	dev    stack.BlockDevice
+	name   string
 	mu     sync.Mutex // serialises changes of rules
 	rules  atomic.Pointer[[]*Fault]
 	counts [len(opNames)]atomic.Int64
+	limits atomic.Pointer[stack.Limits]
 }
 
 var (
@@ -183,7 +185,13 @@ var (
 // NewFaultDevice returns a FaultDevice over dev with no rules: every I/O
 // goes to dev unchanged.
 func NewFaultDevice(dev stack.BlockDevice) *FaultDevice {
-	d := &FaultDevice{dev: dev}
+	return NewNamedFaultDevice(dev.Name(), dev)
+}
+
+// NewNamedFaultDevice returns a FaultDevice over dev that prints as name:
+// two of them over one device are two paths to the same storage.
+func NewNamedFaultDevice(name string, dev stack.BlockDevice) *FaultDevice {
+	d := &FaultDevice{dev: dev, name: name}
 	d.rules.Store(&[]*Fault{})
 	return d
 }
@@ -301,8 +309,20 @@ func (d *FaultDevice) WriteZeroes(ctx context.Context, off, n int64) error {
 // Size implements stack.BlockDevice: the size of the device below.
 func (d *FaultDevice) Size() int64 { return d.dev.Size() }
 
-// Name implements stack.BlockDevice: the name of the device below.
-func (d *FaultDevice) Name() string { return d.dev.Name() }
+// Name implements stack.BlockDevice: the name of the device below, or the
+// one NewNamedFaultDevice gave.
+func (d *FaultDevice) Name() string { return d.name }
 
-// Limits implements stack.Limiter: the limits of the device below.
-func (d *FaultDevice) Limits() stack.Limits { return stack.LimitsOf(d.dev) }
+// Limits implements stack.Limiter: the limits of the device below, or
+// those SetLimits gave.
+func (d *FaultDevice) Limits() stack.Limits {
+	if l := d.limits.Load(); l != nil {
+		return *l
+	}
+	return stack.LimitsOf(d.dev)
+}
+
+// SetLimits makes the device report l as its limits, as a block device
+// whose queue limits refuse discards or write-zeroes does; the operations
+// still reach the device below if a target sends them.
+func (d *FaultDevice) SetLimits(l stack.Limits) { d.limits.Store(&l) }

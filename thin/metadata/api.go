@@ -1,19 +1,10 @@
-// Package metadata keeps a thin pool's metadata on the kernel's on-disk
-// format (drivers/md/dm-thin-metadata.c over drivers/md/persistent-data):
-// a superblock, a metadata and a data space map, the two-level mapping
-// btree (device id, then virtual block) and the device-details btree.
-// A metadata device it writes passes thin_check and reads with thin_dump;
-// one written by thin_restore opens here.
-//
-// The API follows dm-thin-metadata.h. One Store serves one pool; its
-// methods are safe for concurrent use (a pool-wide reader/writer lock, as
-// the kernel's pmd->root_lock). Changes are made in a transaction that
-// Commit makes durable (the superblock written last) and Abort drops.
 package metadata
 
 import (
 	"context"
 	"errors"
+
+	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
 )
 
 // Errors the Store returns. The thin target maps them to the kernel's
@@ -27,15 +18,18 @@ var (
 	// ErrNoDevice: no thin device with that id.
 	ErrNoDevice = errors.New("no such device")
 	// ErrNoSpace: no free data (or metadata) block.
-	ErrNoSpace = errors.New("no free space")
+	ErrNoSpace = errs.ErrNoSpace
+	// ErrNoMetadataSpace: no free metadata block (the kernel's metadata
+	// ENOSPC, which aborts the transaction); it wraps ErrNoSpace.
+	ErrNoMetadataSpace = errs.ErrNoMetadataSpace
 	// ErrReadOnly: the store was opened or set read-only.
-	ErrReadOnly = errors.New("metadata is read-only")
+	ErrReadOnly = errs.ErrReadOnly
 	// ErrBusy: a thin device is open, or a metadata snapshot is
 	// already held.
 	ErrBusy = errors.New("device or metadata snapshot busy")
 	// ErrCorrupt wraps every error that says the metadata on the device
 	// is damaged (bad checksum, bad magic, a block out of range).
-	ErrCorrupt = errors.New("metadata corrupt")
+	ErrCorrupt = errs.ErrCorrupt
 )
 
 // Device is the metadata device: fixed-size 4 KiB blocks read and written

@@ -1,22 +1,23 @@
-package stack
+package multipath
 
 import (
 	"fmt"
 	"strings"
 
 	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // Status implements Target (multipath_status).
-func (m *multipath) Status(t StatusType) string {
+func (m *multipath) Status(t stack.StatusType) string {
 	st := selectors.StatusInfo
-	if t == StatusTable {
+	if t == stack.StatusTable {
 		st = selectors.StatusTable
 	}
 	var b strings.Builder
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if t == StatusInfo {
+	if t == stack.StatusInfo {
 		// pg_init_count is 0: without a hardware handler pg_init never runs.
 		fmt.Fprintf(&b, "2 %d 0 ", b2u(m.queueIO.Load()))
 	} else {
@@ -39,10 +40,10 @@ func (m *multipath) Status(t StatusType) string {
 			b.WriteString("queue_mode bio ")
 		}
 	}
-	if m.hwName == "" || t == StatusInfo {
+	if m.hwName == "" || t == stack.StatusInfo {
 		b.WriteString("0 ")
 	} else {
-		fmt.Fprintf(&b, "1 %s ", EscapeArg(m.hwName))
+		fmt.Fprintf(&b, "1 %s ", stack.EscapeArg(m.hwName))
 	}
 	cur, next := m.currentPG.Load(), m.nextPG.Load()
 	pgnum := 0
@@ -56,7 +57,7 @@ func (m *multipath) Status(t StatusType) string {
 	}
 	fmt.Fprintf(&b, "%d %d ", len(m.pgs), pgnum)
 	for _, pg := range m.pgs {
-		if t == StatusInfo {
+		if t == stack.StatusInfo {
 			state := "E "
 			switch {
 			case pg.bypassed.Load():
@@ -72,7 +73,7 @@ func (m *multipath) Status(t StatusType) string {
 				if pp.active {
 					state = "A"
 				}
-				fmt.Fprintf(&b, "%s %s %d ", EscapeArg(pp.dev.Name()), state, pp.failCount)
+				fmt.Fprintf(&b, "%s %s %d ", stack.EscapeArg(pp.dev.Name()), state, pp.failCount)
 				b.WriteString(pg.sel.Status(&pp.sp, st))
 			}
 			continue
@@ -82,7 +83,7 @@ func (m *multipath) Status(t StatusType) string {
 		b.WriteString(pg.sel.Status(nil, st))
 		fmt.Fprintf(&b, "%d %d ", len(pg.paths), pg.typ.TableArgs)
 		for _, pp := range pg.paths {
-			b.WriteString(EscapeArg(pp.dev.Name()))
+			b.WriteString(stack.EscapeArg(pp.dev.Name()))
 			b.WriteByte(' ')
 			b.WriteString(pg.sel.Status(&pp.sp, st))
 		}

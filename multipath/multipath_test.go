@@ -1,4 +1,4 @@
-package stack
+package multipath
 
 import (
 	"bytes"
@@ -19,65 +19,37 @@ import (
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/dmarg"
 	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
 	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/test/golden"
 )
 
-// mpDev is an in-memory path device that counts I/O, can be made to fail,
-// and can run a hook (advance a manual clock) inside each read.
+// mpDev is an in-memory path device behind a stacktest.FaultDevice, which
+// counts its I/O and can be made to fail (setFail).
 type mpDev struct {
-	*MemDevice
-	name                   string
-	reads, writes, flushes atomic.Int64
-	fail                   atomic.Pointer[error]
-	onRead                 func()
+	*stacktest.FaultDevice
+	mem  *stacktest.MemDevice
+	fail *stacktest.Fault
 }
 
 func newMPDev(name string) *mpDev {
-	return &mpDev{MemDevice: NewMemDevice(name, 2048*SectorSize), name: name}
+	f, mem := stacktest.NewMemFaultDevice(name, 2048*stack.SectorSize)
+	return &mpDev{FaultDevice: f, mem: mem}
 }
 
-func (d *mpDev) Name() string { return d.name }
+// Bytes returns the memory device's contents.
+func (d *mpDev) Bytes() []byte { return d.mem.Bytes() }
 
+// setFail makes every I/O fail with err from now on; nil ends it.
 func (d *mpDev) setFail(err error) {
-	if err == nil {
-		d.fail.Store(nil)
-		return
+	if d.fail != nil {
+		d.fail.Remove()
+		d.fail = nil
 	}
-	d.fail.Store(&err)
-}
-
-func (d *mpDev) err() error {
-	if e := d.fail.Load(); e != nil {
-		return *e
+	if err != nil {
+		d.fail = d.Fail(stacktest.OpAll, err)
 	}
-	return nil
-}
-
-func (d *mpDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	d.reads.Add(1)
-	if d.onRead != nil {
-		d.onRead()
-	}
-	if err := d.err(); err != nil {
-		return 0, err
-	}
-	return d.MemDevice.ReadAt(ctx, p, off)
-}
-
-func (d *mpDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	d.writes.Add(1)
-	if err := d.err(); err != nil {
-		return 0, err
-	}
-	return d.MemDevice.WriteAt(ctx, p, off)
-}
-
-func (d *mpDev) Flush(ctx context.Context) error {
-	d.flushes.Add(1)
-	if err := d.err(); err != nil {
-		return err
-	}
-	return d.MemDevice.Flush(ctx)
 }
 
 // mpFixture is a multipath target over mpDev paths named by MAJOR:MINOR (8:16,
@@ -104,14 +76,14 @@ func tryMP(params string) (*mpFixture, error) {
 	for _, n := range []string{"8:16", "8:32", "8:48"} {
 		f.devs[n] = newMPDev(n)
 	}
-	c := &Ctor{Len: 1024, Clock: f.clock, Context: context.Background(), Event: func() { f.events.Add(1) },
-		Open: func(arg string) (BlockDevice, error) {
+	c := &stack.Ctor{Len: 1024, Clock: f.clock, Context: context.Background(), Event: func() { f.events.Add(1) },
+		Open: func(arg string) (stack.BlockDevice, error) {
 			if d, ok := f.devs[arg]; ok {
 				return d, nil
 			}
-			return nil, Errorf("Device lookup failed: %s: no such device", arg)
+			return nil, stack.Errorf("Device lookup failed: %s: no such device", arg)
 		}}
-	tg, err := Multipath.New(c, SplitArgs(params))
+	tg, err := Type.New(c, stack.SplitArgs(params))
 	if err != nil {
 		return nil, err
 	}
@@ -120,8 +92,8 @@ func tryMP(params string) (*mpFixture, error) {
 	return f, nil
 }
 
-func (f *mpFixture) table() string  { return "0 1024 multipath " + f.m.Status(StatusTable) + "$" }
-func (f *mpFixture) status() string { return "0 1024 multipath " + f.m.Status(StatusInfo) + "$" }
+func (f *mpFixture) table() string  { return "0 1024 multipath " + f.m.Status(stack.StatusTable) + "$" }
+func (f *mpFixture) status() string { return "0 1024 multipath " + f.m.Status(stack.StatusInfo) + "$" }
 
 func (f *mpFixture) msg(t *testing.T, words string) error {
 	t.Helper()
@@ -140,7 +112,7 @@ func (f *mpFixture) read(t *testing.T) error {
 func (f *mpFixture) reads(names ...string) []int64 {
 	var out []int64
 	for _, n := range names {
-		out = append(out, f.devs[n].reads.Load())
+		out = append(out, f.devs[n].Count(stacktest.OpRead))
 	}
 	return out
 }
@@ -247,7 +219,7 @@ func TestMultipathTablesGolden(t *testing.T) {
 			t.Errorf("%s: table does not round-trip: %q -> %q", c, f.table(), again.table())
 		}
 	}
-	checkGolden(t, "multipath/tables.golden", out.String())
+	golden.Check(t, "testdata/tables.golden", []byte(out.String()))
 }
 
 // TestMultipathHWHandlerNonSCSI: a hardware handler needs a SCSI path
@@ -341,22 +313,22 @@ func TestMultipathRejected(t *testing.T) {
 // replaced by another type on reload, except by error (drivers/md/dm-ioctl.c:
 // table_load).
 func TestMultipathTableRules(t *testing.T) {
-	devs := testDevs()
-	reg, err := NewRegistry(Linear, Error, Multipath)
+	devs := stacktest.TableDevs()
+	reg, err := stack.NewRegistry(stack.Linear, stack.Error, Type)
 	if err != nil {
 		t.Fatal(err)
 	}
-	build := func(text string, prev *Table) (*Table, error) {
-		lines, err := ParseTable(text)
+	build := func(text string, prev *stack.Table) (*stack.Table, error) {
+		lines, err := stack.ParseTable(text)
 		if err != nil {
 			return nil, err
 		}
-		return Build(lines, BuildOptions{Registry: reg, Clock: clock.System, Context: context.Background(), Previous: prev,
-			Open: func(arg string) (BlockDevice, error) {
+		return stack.Build(lines, stack.BuildOptions{Registry: reg, Clock: clock.System, Context: context.Background(), Previous: prev,
+			Open: func(arg string) (stack.BlockDevice, error) {
 				if d, ok := devs[arg]; ok {
 					return d, nil
 				}
-				return nil, Errorf("Device lookup failed")
+				return nil, stack.Errorf("Device lookup failed")
 			}})
 	}
 	_, err = build("0 512 multipath 0 0 1 1 round-robin 0 1 1 8:16 1\n512 512 linear 8:32 0", nil)
@@ -518,7 +490,7 @@ func TestMultipathHSTStamp(t *testing.T) {
 		t.Fatal("historical-service-time does not ask for the high-resolution stamp")
 	}
 	for _, d := range f.devs {
-		d.onRead = func() { f.clock.Advance(100 * time.Microsecond) }
+		d.Inject(stacktest.Rule{Ops: stacktest.OpRead, Hook: func(context.Context, stacktest.Op, int64, int64) { f.clock.Advance(100 * time.Microsecond) }})
 	}
 	if err := f.read(t); err != nil {
 		t.Fatal(err)
@@ -565,14 +537,10 @@ func TestMultipathFailover(t *testing.T) {
 		t.Errorf("last path: got %v, want EIO", err)
 	}
 	wantStr(t, "all failed", f.status(), "0 1024 multipath 2 0 0 0 1 1 A 0 2 0 8:16 F 1 8:32 F 1 $")
-	// No path at map time: EIO, killed at map time, so not accounted; the
-	// current group is forgotten.
-	pc := faultAcctPiece(stats.Read)
-	if _, err := f.m.ReadAt(pc, make([]byte, 512), 0); !errors.Is(err, syscall.EIO) {
+	// No path at map time: EIO (killed at map time, so not accounted:
+	// TestMultipathNoPathNotAccounted); the current group is forgotten.
+	if _, err := f.m.ReadAt(context.Background(), make([]byte, 512), 0); !errors.Is(err, syscall.EIO) {
 		t.Errorf("no path: got %v", err)
-	}
-	if faultAcctStarted(pc) {
-		t.Error("I/O with no path was accounted")
 	}
 	wantStr(t, "no path", f.status(), "0 1024 multipath 2 0 0 0 1 1 E 0 2 0 8:16 F 1 8:32 F 1 $")
 	// Failover across groups: group 2 takes over when group 1 has no path.
@@ -602,7 +570,7 @@ func TestMultipathFlushOnePath(t *testing.T) {
 	if err := f.m.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if a, b := f.devs["8:16"].flushes.Load(), f.devs["8:32"].flushes.Load(); a+b != 1 {
+	if a, b := f.devs["8:16"].Count(stacktest.OpFlush), f.devs["8:32"].Count(stacktest.OpFlush); a+b != 1 {
 		t.Errorf("flushes %d + %d, want 1", a, b)
 	}
 	f.devs["8:32"].setFail(syscall.EIO)
@@ -614,7 +582,7 @@ func TestMultipathFlushOnePath(t *testing.T) {
 	}
 	// The first flush went to 8:16; the second was tried on 8:32, failed
 	// it, and went to 8:16; the third went to 8:16.
-	if got := f.devs["8:16"].flushes.Load(); got != 3 {
+	if got := f.devs["8:16"].Count(stacktest.OpFlush); got != 3 {
 		t.Errorf("8:16 got %d flushes, want 3", got)
 	}
 	// Discard and write-zeroes map to one path as well.
@@ -719,7 +687,7 @@ func TestMultipathSuspend(t *testing.T) {
 		waitHeld(t, f.m, 1)
 		f.m.Presuspend(noflush)
 		err := <-done
-		if noflush && !errors.Is(err, ErrPushBack) || !noflush && (err != syscall.EIO) {
+		if noflush && !errors.Is(err, stack.ErrPushBack) || !noflush && (err != syscall.EIO) {
 			t.Errorf("noflush=%v: held I/O got %v", noflush, err)
 		}
 		if !errors.Is(err, syscall.EIO) {
@@ -755,8 +723,8 @@ func TestMultipathConcurrentFailover(t *testing.T) {
 			f.clock = nil
 			f.m.clock = clock.System
 			// Both paths see the same storage, as multipath paths do.
-			shared := f.devs["8:16"].MemDevice
-			f.devs["8:32"].MemDevice = shared
+			shared := f.devs["8:16"].mem
+			*f.devs["8:32"] = mpDev{FaultDevice: stacktest.NewNamedFaultDevice("8:32", shared), mem: shared}
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			errs := make(chan error, 16)
@@ -829,22 +797,22 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	reg, err := NewRegistry(Linear, Error, Multipath)
+	reg, err := stack.NewRegistry(stack.Linear, stack.Error, Type)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := NewManager(context.Background(), reg, nil)
-	defer mgr.RemoveAll()
-	p1, err := mgr.Create(CreateOptions{Name: "p1", Minor: -1, Table: "0 2048 linear ./a.img 0", Dir: dir})
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	defer mgr.Close()
+	p1, err := mgr.Create(stack.CreateOptions{Name: "p1", Minor: -1, Table: "0 2048 linear ./a.img 0", Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := mgr.Create(CreateOptions{Name: "mp", Minor: -1, Dir: dir,
+	if _, err := mgr.Create(stack.CreateOptions{Name: "mp", Minor: -1, Dir: dir,
 		Table: "0 2048 multipath 0 0 1 1 round-robin 0 3 1 p1 1 ./b.img 1 " + filepath.Join(dir, "a.img") + " 1"}); err != nil {
 		t.Fatal(err)
 	}
 	status := func() string {
-		return mgr.Lookup("mp").FormatTable(StatusInfo, false)
+		return mgr.Lookup("mp").FormatTable(stack.StatusInfo, false)
 	}
 	send := func(words ...string) error {
 		_, err := mgr.Message(context.Background(), "mp", 0, words)
@@ -877,13 +845,13 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 		t.Errorf("253:99: %v", err)
 	}
 	// Suspended: EBUSY through the manager too.
-	if err := mgr.Suspend("mp", false); err != nil {
+	if err := mgr.Suspend("mp", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := send("reinstate_path", "p1"); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("suspended: %v", err)
 	}
-	if err := mgr.Resume("mp"); err != nil {
+	if err := mgr.Resume("mp", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	// I/O through the device with a failed path reaches a valid one.
@@ -912,30 +880,30 @@ func TestMultipathEscapedPaths(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	reg, err := NewRegistry(Linear, Multipath)
+	reg, err := stack.NewRegistry(stack.Linear, Type)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := NewManager(context.Background(), reg, nil)
-	defer mgr.RemoveAll()
-	ea, eb := EscapeArg(a), EscapeArg(b)
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	defer mgr.Close()
+	ea, eb := stack.EscapeArg(a), stack.EscapeArg(b)
 	if !strings.Contains(ea, `\ `) || !strings.Contains(eb, `\\`) || !strings.Contains(eb, "\\\t") {
 		t.Fatalf("test paths not escaped: %q %q", ea, eb)
 	}
 	table := "0 2048 multipath 0 1 alua 1 1 round-robin 0 2 1 " + ea + " 1 " + eb + " 1"
-	if _, err := mgr.Create(CreateOptions{Name: "mp", Minor: -1, Table: table}); err != nil {
+	if _, err := mgr.Create(stack.CreateOptions{Name: "mp", Minor: -1, Table: table}); err != nil {
 		t.Fatal(err)
 	}
 	d := mgr.Lookup("mp")
 	wantTable := "0 2048 multipath 0 0 1 1 round-robin 0 2 1 " + ea + " 1 " + eb + " 1 \n"
-	wantStr(t, "table", d.FormatTable(StatusTable, false), wantTable)
-	wantStr(t, "status", d.FormatTable(StatusInfo, false), "0 2048 multipath 2 1 0 0 1 1 E 0 2 0 "+ea+" A 0 "+eb+" A 0 \n")
+	wantStr(t, "table", d.FormatTable(stack.StatusTable, false), wantTable)
+	wantStr(t, "status", d.FormatTable(stack.StatusInfo, false), "0 2048 multipath 2 1 0 0 1 1 E 0 2 0 "+ea+" A 0 "+eb+" A 0 \n")
 
 	// The printed table loads again, to the same table.
-	if _, err := mgr.Create(CreateOptions{Name: "again", Minor: -1, Table: strings.TrimSuffix(d.FormatTable(StatusTable, false), "\n")}); err != nil {
+	if _, err := mgr.Create(stack.CreateOptions{Name: "again", Minor: -1, Table: strings.TrimSuffix(d.FormatTable(stack.StatusTable, false), "\n")}); err != nil {
 		t.Fatalf("printed table does not load: %v", err)
 	}
-	wantStr(t, "table of the printed table", mgr.Lookup("again").FormatTable(StatusTable, false), wantTable)
+	wantStr(t, "table of the printed table", mgr.Lookup("again").FormatTable(stack.StatusTable, false), wantTable)
 
 	send := func(words ...string) {
 		t.Helper()
@@ -948,7 +916,7 @@ func TestMultipathEscapedPaths(t *testing.T) {
 	send("fail_path", eb)      //
 	send("reinstate_path", b)  //
 	send("fail_path", dir+"/./a b.img")
-	wantStr(t, "status after messages", d.FormatTable(StatusInfo, false), "0 2048 multipath 2 1 0 0 1 1 E 0 2 0 "+ea+" F 2 "+eb+" A 1 \n")
+	wantStr(t, "status after messages", d.FormatTable(stack.StatusInfo, false), "0 2048 multipath 2 1 0 0 1 1 E 0 2 0 "+ea+" F 2 "+eb+" A 1 \n")
 	if _, err := mgr.Message(context.Background(), "mp", 0, []string{"fail_path", filepath.Join(dir, `a\ c.img`)}); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("a path that is no path's, escaped: %v, want EINVAL", err)
 	}
@@ -978,13 +946,13 @@ func FuzzMultipathArgs(f *testing.F) {
 			}
 			return
 		}
-		tbl := m.m.Status(StatusTable)
-		_ = m.m.Status(StatusInfo)
+		tbl := m.m.Status(stack.StatusTable)
+		_ = m.m.Status(stack.StatusInfo)
 		again, err := tryMP(tbl)
 		if err != nil {
 			t.Fatalf("%q: table %q does not build: %v", params, tbl, err)
 		}
-		if got := again.m.Status(StatusTable); got != tbl {
+		if got := again.m.Status(stack.StatusTable); got != tbl {
 			t.Fatalf("%q: table %q -> %q", params, tbl, got)
 		}
 		if len(m.m.pgs) > 0 {
@@ -1007,7 +975,7 @@ func FuzzMultipathMessage(f *testing.F) {
 	f.Fuzz(func(t *testing.T, msg string) {
 		m := newMP(t, "0 0 2 1 round-robin 0 2 1 8:16 1 8:32 1 historical-service-time 0 1 1 8:48 1")
 		for _, line := range strings.Split(msg, ";") {
-			args := SplitArgs(line)
+			args := stack.SplitArgs(line)
 			_, err := m.m.Message(context.Background(), args)
 			if err != nil && !errors.Is(err, syscall.EINVAL) {
 				t.Fatalf("%q: %v is not EINVAL", line, err)
@@ -1021,10 +989,41 @@ func FuzzMultipathMessage(f *testing.F) {
 				}
 			}
 		}
-		_ = m.m.Status(StatusInfo)
+		_ = m.m.Status(stack.StatusInfo)
 		_, err := m.m.ReadAt(context.Background(), make([]byte, 512), 0)
 		if err != nil && !errors.Is(err, syscall.EIO) {
 			t.Fatalf("read: %v", err)
 		}
 	})
+}
+
+// TestMultipathNoPathNotAccounted: an I/O that finds no usable path is
+// killed at map time (drivers/md/dm-mpath.c: multipath_map_bio returns
+// DM_MAPIO_KILL), so the device does not count it; one that found a path
+// is counted.
+func TestMultipathNoPathNotAccounted(t *testing.T) {
+	reg, err := stack.NewRegistry(Type)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newMPDev("p")
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: &clock.Manual{}, Open: stacktest.Opener{"p": p}.Open})
+	t.Cleanup(func() { m.Close() })
+	d, err := m.Create(stack.CreateOptions{Name: "mp", Minor: -1, Table: "0 1024 multipath 0 0 1 1 round-robin 0 1 1 p 1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := d.ReadAt(ctx, make([]byte, 512), 0); err != nil {
+		t.Fatal(err)
+	}
+	p.setFail(syscall.EIO)
+	for range 2 { // the first read fails the path, the second finds none
+		if _, err := d.ReadAt(ctx, make([]byte, 512), 0); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("read over a failed path: %v, want EIO", err)
+		}
+	}
+	if got := d.Disk().Snapshot().IOs[stats.GroupRead]; got != 2 {
+		t.Errorf("%d reads counted, want 2: the one that found a path, and the one that failed it", got)
+	}
 }

@@ -1,4 +1,4 @@
-package stack
+package multipath
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -100,14 +101,14 @@ func (m *multipath) mapIO(ctx context.Context, n int) (*pgpath, error) {
 			pushBack := m.mu.noflush
 			m.mu.Unlock()
 			if pushBack {
-				return nil, ErrPushBack
+				return nil, stack.ErrPushBack
 			}
 			return nil, syscall.EIO
 		}
 		wake := m.mu.wake
 		m.mu.held++
 		m.mu.Unlock()
-		Waiting(ctx)
+		stack.Waiting(ctx)
 		select {
 		case <-wake:
 		case <-ctx.Done():
@@ -142,13 +143,13 @@ func isPathError(err error) bool {
 // (a table event) and retries the I/O on another path; with no path left it
 // waits while queue_if_no_path is set and otherwise fails (multipath_map_bio
 // and multipath_end_io_bio). n is the I/O's size in bytes.
-func (m *multipath) io(ctx context.Context, op Op, p []byte, off, n int64) (int, error) {
+func (m *multipath) io(ctx context.Context, op stack.Op, p []byte, off, n int64) (int, error) {
 	for {
 		pp, err := m.mapIO(ctx, int(n))
 		if err != nil {
 			return 0, err
 		}
-		StartAccounting(ctx)
+		stack.StartAccounting(ctx)
 		var start int64
 		tr := pp.pg.tracker
 		if tr != nil {
@@ -186,7 +187,7 @@ func (m *multipath) io(ctx context.Context, op Op, p []byte, off, n int64) (int,
 			m.mu.Unlock()
 			if !queue {
 				if pushBack {
-					return 0, ErrPushBack
+					return 0, stack.ErrPushBack
 				}
 				return 0, syscall.EIO
 			}
@@ -259,7 +260,7 @@ func (m *multipath) reinstatePath(pp *pgpath) error {
 	}
 	if err := pp.pg.sel.ReinstatePath(&pp.sp); err != nil {
 		m.mu.Unlock()
-		return &ArgError{Reason: "reinstating path " + pp.dev.Name() + ": " + err.Error()}
+		return &stack.ArgError{Reason: "reinstating path " + pp.dev.Name() + ": " + err.Error()}
 	}
 	pp.active = true
 	if m.nrValid.Add(1) == 1 {

@@ -1,4 +1,4 @@
-package stack
+package multipath
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // TestNoflushKeepsPushedBackIO: with queue_if_no_path and every path
@@ -25,15 +27,15 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 		if err := os.WriteFile(img, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		reg, err := NewRegistry(Linear, Multipath)
+		reg, err := stack.NewRegistry(stack.Linear, Type)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := NewManager(context.Background(), reg, nil)
-		if _, err := m.Create(CreateOptions{Name: "p", Minor: -1, Table: "0 2048 linear ./p.img 0", Dir: dir}); err != nil {
+		m := stack.NewManager(stack.ManagerOptions{Registry: reg})
+		if _, err := m.Create(stack.CreateOptions{Name: "p", Minor: -1, Table: "0 2048 linear ./p.img 0", Dir: dir}); err != nil {
 			t.Fatal(err)
 		}
-		mp, err := m.Create(CreateOptions{Name: "mp", Minor: -1,
+		mp, err := m.Create(stack.CreateOptions{Name: "mp", Minor: -1,
 			Table: "0 2048 multipath 1 queue_if_no_path 0 1 1 round-robin 0 1 1 p 1"})
 		if err != nil {
 			t.Fatal(err)
@@ -49,20 +51,24 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 			done <- err
 		}()
 		// Wait until the read is held inside the target.
-		for deadline := time.Now().Add(10 * time.Second); mp.gate.inside() == 0; {
+		tg, _, err := mp.Live().TargetAt(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); tg.(*multipath).heldIOs() == 0; {
 			if time.Now().After(deadline) {
 				t.Fatal("the read never reached the target")
 			}
 			time.Sleep(time.Millisecond)
 		}
-		if err := m.Suspend("mp", noflush); err != nil {
+		if err := m.Suspend("mp", stack.Flags{NoFlush: noflush}); err != nil {
 			t.Fatalf("suspend noflush=%v: %v", noflush, err)
 		}
 		if !noflush {
 			if err := <-done; !errors.Is(err, syscall.EIO) {
 				t.Fatalf("held read after a flush suspend: %v, want EIO", err)
 			}
-			m.RemoveAll()
+			m.Close()
 			continue
 		}
 		select {
@@ -70,7 +76,7 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 			t.Fatalf("held read finished during a noflush suspend: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if err := m.Resume("mp"); err != nil {
+		if err := m.Resume("mp", stack.Flags{}); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -90,6 +96,6 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 		if s := mp.Disk().Snapshot(); s.IOs[0] != 1 {
 			t.Errorf("reads counted %d, want 1 (the pushed-back attempts count nothing)", s.IOs[0])
 		}
-		m.RemoveAll()
+		m.Close()
 	}
 }
