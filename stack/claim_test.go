@@ -69,11 +69,11 @@ func TestClaims(t *testing.T) {
 	if err := m.Load("a", "0 1024 linear "+dev+" 1024", ""); err != nil {
 		t.Fatalf("a reload keeping the device: %v", err)
 	}
-	if err := m.Resume("a"); err != nil {
+	if err := m.Resume("a", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	mustCreate(t, m, "b", "0 8 linear "+dev+" 0")
-	if err := m.Remove("a"); err != nil {
+	if err := m.Remove("a", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if exclusive(t, dev) {
@@ -82,7 +82,7 @@ func TestClaims(t *testing.T) {
 	if err := m.Load("b", "0 8 zero", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Resume("b"); err != nil {
+	if err := m.Resume("b", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if !exclusive(t, dev) {
@@ -115,7 +115,7 @@ func TestClaims(t *testing.T) {
 	if err := m.Load("b", "0 8 linear "+dev+" 0", ""); err != nil {
 		t.Errorf("load once it is free: %v", err)
 	}
-	if err := m.Remove("b"); err != nil {
+	if err := m.Remove("b", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if !exclusive(t, dev) {
