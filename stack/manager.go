@@ -242,7 +242,7 @@ func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, e
 	}
 	return Build(lines, BuildOptions{
 		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.Memory,
-		Open: open,
+		Device: d, Open: open,
 	})
 }
 

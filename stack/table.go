@@ -125,6 +125,8 @@ type BuildOptions struct {
 	Event func()
 	// Memory is passed to the constructors as Ctor.Memory.
 	Memory func(n int64)
+	// Device is passed to the constructors as Ctor.Device.
+	Device *Device
 }
 
 // Build checks lines as drivers/md/dm-table.c: dm_table_add_target and
@@ -174,7 +176,7 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 		}
 		// The devices this line opens, like the kernel's iterate_devices.
 		var lineDevs []BlockDevice
-		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event, Memory: o.Memory,
+		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), Device: o.Device, ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event, Memory: o.Memory,
 			Open: func(arg string) (BlockDevice, error) {
 				d, err := o.Open(arg)
 				if err != nil {

@@ -208,6 +208,11 @@ func limitsOf(dev BlockDevice) Limits {
 type Ctor struct {
 	// Begin and Len are the segment's start and length in sectors.
 	Begin, Len int64
+	// Device is the mapped device the table is built for (dm's
+	// dm_table_get_md), nil for a table built outside a Manager. Targets
+	// that keep an object per device across reloads (thin-pool) key it by
+	// this.
+	Device *Device
 	// ReadOnly is set for tables of read-only devices.
 	ReadOnly bool
 	// Clock is the daemon's monotonic clock.
