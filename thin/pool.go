@@ -105,6 +105,7 @@ type poolDevs struct {
 // thin targets share, keyed by the metadata device and by the pool's
 // mapped device.
 type pool struct {
+	reg              *poolTable
 	metaKey, dataKey any
 	owner            *stack.Device
 	sectorsPerBlock  uint32
@@ -113,9 +114,9 @@ type pool struct {
 	store            metadata.Store
 
 	devs    atomic.Pointer[poolDevs]
-	devList []*poolDevs // guarded by registry.mu
+	devList []*poolDevs // guarded by reg.mu
 
-	refs int // guarded by registry.mu
+	refs int // guarded by reg.mu
 
 	// commitMu orders commits against metadata changes in progress: a
 	// provisioning, break of sharing or discard holds it shared from the
@@ -145,14 +146,25 @@ type pool struct {
 	done chan struct{}
 }
 
-// registry is the kernel's dm_thin_pool_table: the pool objects of the
-// process.
-var registry = struct {
+// poolTable is the kernel's dm_thin_pool_table: the pool objects, by
+// metadata device, by pool device and by data device, and their
+// references.
+type poolTable struct {
 	mu      sync.Mutex
 	byMeta  map[any]*pool
 	byOwner map[*stack.Device]*pool
 	byData  map[any]*pool
-}{byMeta: map[any]*pool{}, byOwner: map[*stack.Device]*pool{}, byData: map[any]*pool{}}
+}
+
+func newPoolTable() *poolTable {
+	return &poolTable{byMeta: map[any]*pool{}, byOwner: map[*stack.Device]*pool{}, byData: map[any]*pool{}}
+}
+
+// processPools is the pool table of the process.
+var processPools = newPoolTable()
+
+// poolTableFor returns the pool table a constructor works in.
+func poolTableFor(*stack.Ctor) *poolTable { return processPools }
 
 // devKey returns what identifies the storage behind dev: the same mapped
 // device, block device or file opened twice gives the same key (the
@@ -211,6 +223,7 @@ func storeErrno(err error) syscall.Errno {
 // takes a reference; created says the object is new.
 func findPool(c *stack.Ctor, open OpenFunc, meta, data stack.BlockDevice, bs uint32, readOnly bool) (p *pool, created bool, err error) {
 	mk, dk := devKey(meta), devKey(data)
+	registry := poolTableFor(c)
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	if p = registry.byMeta[mk]; p != nil {
@@ -233,7 +246,7 @@ func findPool(c *stack.Ctor, open OpenFunc, meta, data stack.BlockDevice, bs uin
 		return nil, false, &stack.ArgError{Reason: "data device already in use by a pool", Errno: syscall.EBUSY}
 	}
 	p = &pool{
-		metaKey: mk, dataKey: dk, owner: c.Device, sectorsPerBlock: bs,
+		reg: registry, metaKey: mk, dataKey: dk, owner: c.Device, sectorsPerBlock: bs,
 		blockBytes: int64(bs) * stack.SectorSize, clock: c.Clock, refs: 1,
 		wake: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -262,17 +275,17 @@ func findPool(c *stack.Ctor, open OpenFunc, meta, data stack.BlockDevice, bs uin
 // put drops a reference (__pool_dec); the last one commits and closes the
 // metadata.
 func (p *pool) put() {
-	registry.mu.Lock()
+	p.reg.mu.Lock()
 	p.refs--
 	last := p.refs == 0
 	if last {
-		delete(registry.byMeta, p.metaKey)
-		delete(registry.byData, p.dataKey)
-		if p.owner != nil && registry.byOwner[p.owner] == p {
-			delete(registry.byOwner, p.owner)
+		delete(p.reg.byMeta, p.metaKey)
+		delete(p.reg.byData, p.dataKey)
+		if p.owner != nil && p.reg.byOwner[p.owner] == p {
+			delete(p.reg.byOwner, p.owner)
 		}
 	}
-	registry.mu.Unlock()
+	p.reg.mu.Unlock()
 	if !last {
 		return
 	}
@@ -289,16 +302,16 @@ func (p *pool) put() {
 // addDevs registers the devices of one more pool table of p.
 func (p *pool) addDevs(meta, data stack.BlockDevice) *poolDevs {
 	d := &poolDevs{meta: meta, data: data}
-	registry.mu.Lock()
+	p.reg.mu.Lock()
 	p.devList = append(p.devList, d)
-	registry.mu.Unlock()
+	p.reg.mu.Unlock()
 	return d
 }
 
 // dropDevs is called when the table that owns d closes: the pool moves to
 // another table's devices, and d is closed once no I/O uses it.
 func (p *pool) dropDevs(d *poolDevs) {
-	registry.mu.Lock()
+	p.reg.mu.Lock()
 	for i, x := range p.devList {
 		if x == d {
 			p.devList = append(p.devList[:i], p.devList[i+1:]...)
@@ -308,7 +321,7 @@ func (p *pool) dropDevs(d *poolDevs) {
 	if p.devs.Load() == d && len(p.devList) > 0 {
 		p.devs.Store(p.devList[len(p.devList)-1])
 	}
-	registry.mu.Unlock()
+	p.reg.mu.Unlock()
 	d.mu.Lock()
 	d.closed = true
 	d.mu.Unlock()

@@ -440,9 +440,9 @@ func (pt *PoolTarget) Close() error {
 	}
 	pt.closed = true
 	p := pt.pool
-	registry.mu.Lock()
+	p.reg.mu.Lock()
 	last := p.refs == 1
-	registry.mu.Unlock()
+	p.reg.mu.Unlock()
 	if last {
 		// The last reference commits through these devices.
 		p.put()

@@ -18,7 +18,7 @@ import (
 // rig is a Manager with the thin types over memStores, memory devices by
 // name, and a manual clock.
 type rig struct {
-	t      *testing.T
+	t      testing.TB
 	mgr    *stack.Manager
 	clock  *stacktest.ManualClock
 	mu     sync.Mutex
@@ -26,7 +26,7 @@ type rig struct {
 	stores []*memStore
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	r := &rig{t: t, clock: &stacktest.ManualClock{}, mems: map[string]*stacktest.MemDevice{}}
 	r.clock.Set(1e9)
 	pt, tt := NewTypes(func(d metadata.Device, o metadata.Options) (metadata.Store, error) {

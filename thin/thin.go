@@ -108,12 +108,13 @@ func newThin(c *stack.Ctor, args []string) (stack.Target, error) {
 		return nil, stack.Errorf("Invalid device id")
 	}
 	t.id = id
-	registry.mu.Lock()
+	reg := poolTableFor(c)
+	reg.mu.Lock()
 	p, mapped := poolOf(pd)
 	if p != nil {
 		p.refs++
 	}
-	registry.mu.Unlock()
+	reg.mu.Unlock()
 	if !mapped {
 		return nil, stack.Errorf("Couldn't get pool mapped device")
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/thin"
 )
 
 //go:embed default.conf
@@ -43,6 +44,8 @@ type MountCmd struct {
 	Poll          string `help:"How each io_uring queue waits for its next request: auto polls up to 50us each time a queue runs dry, while its polls find requests (an idle daemon burns no CPU); 0 never polls; a duration (50us) polls up to that long every time." default:"auto" placeholder:"auto|0|DURATION"`
 	Interruptible bool   `help:"Let a signal end I/O a device holds (suspended, delayed, queued without a path) with EINTR; by default held I/O waits through signals, as on a dm device."`
 	URingDepth    int    `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 64)." default:"0"`
+
+	ThinNoSpaceTimeout time.Duration `name:"thin-no-space-timeout" help:"How long I/O that needs a new block of a thin pool out of data space waits before it fails with ENOSPC (dm_thin_pool's no_space_timeout); 0 waits for ever." default:"60s"`
 
 	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
 }
@@ -71,7 +74,8 @@ func parsePoll(v string) (time.Duration, error) {
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
 	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, stack.Powercut)
+		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, stack.Powercut,
+		thin.PoolType, thin.Type)
 	if err != nil {
 		panic(err)
 	}
@@ -100,6 +104,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err := unix.Prctl(unix.PR_SET_IO_FLUSHER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "dmfuse: warning: PR_SET_IO_FLUSHER: %v (serving loop devices may deadlock under memory pressure)\n", err)
 	}
+	thin.SetNoSpaceTimeout(c.ThinNoSpaceTimeout)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
