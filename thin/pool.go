@@ -532,7 +532,7 @@ func (p *pool) commitLocked() error {
 func (p *pool) checkSpace() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if free, err := p.store.FreeMetadataBlocks(); err == nil && free == 0 && p.getMode() < modeOutOfMetadataSpace {
+	if free, err := p.freeMetadata(); err == nil && free == 0 && p.getMode() < modeOutOfMetadataSpace {
 		p.logf("No free metadata blocks")
 		p.setModeLocked(modeOutOfMetadataSpace)
 	}
@@ -542,6 +542,22 @@ func (p *pool) checkSpace() {
 	if free, err := p.store.FreeDataBlocks(); err == nil && free > 0 {
 		p.setModeLocked(modeWrite)
 	}
+}
+
+// freeMetadata is dm_pool_get_free_metadata_block_count: the metadata
+// space map's free blocks less the reserve that commits need,
+// min(4096, total/10) (__set_metadata_reserve).
+func (p *pool) freeMetadata() (uint64, error) {
+	free, err := p.store.FreeMetadataBlocks()
+	if err != nil {
+		return 0, err
+	}
+	total, err := p.store.MetadataBlocks()
+	if err != nil {
+		return 0, err
+	}
+	reserve := min(4096, total/10)
+	return free - min(free, reserve), nil
 }
 
 // flushData flushes the data device.

@@ -221,7 +221,7 @@ func (pt *PoolTarget) Status(st stack.StatusType) string {
 		_ = p.commit()
 	}
 	s := p.store
-	fm, err1 := s.FreeMetadataBlocks()
+	fm, err1 := p.freeMetadata()
 	tm, err2 := s.MetadataBlocks()
 	fd, err3 := s.FreeDataBlocks()
 	td, err4 := s.DataBlocks()

@@ -68,10 +68,10 @@ func TestPoolFeaturesTableLine(t *testing.T) {
 
 func TestPoolStatusLine(t *testing.T) {
 	for _, tc := range []struct{ features, status string }{
-		{"", "0 10/1024 0/16 - rw discard_passdown queue_if_no_space - 256 "},
-		{"1 ignore_discard", "0 10/1024 0/16 - rw ignore_discard queue_if_no_space - 256 "},
-		{"1 no_discard_passdown", "0 10/1024 0/16 - rw no_discard_passdown queue_if_no_space - 256 "},
-		{"1 error_if_no_space", "0 10/1024 0/16 - rw discard_passdown error_if_no_space - 256 "},
+		{"", "0 112/1024 0/16 - rw discard_passdown queue_if_no_space - 256 "},
+		{"1 ignore_discard", "0 112/1024 0/16 - rw ignore_discard queue_if_no_space - 256 "},
+		{"1 no_discard_passdown", "0 112/1024 0/16 - rw no_discard_passdown queue_if_no_space - 256 "},
+		{"1 error_if_no_space", "0 112/1024 0/16 - rw discard_passdown error_if_no_space - 256 "},
 	} {
 		r := newRig(t)
 		d := r.pool(16, 4, tc.features)
@@ -93,7 +93,7 @@ func TestPoolStatusLine(t *testing.T) {
 	write(t, th, fill(1, 4096), 65536)
 	r.mustMsg("pool", "set_transaction_id", "0", "7")
 	r.mustMsg("pool", "reserve_metadata_snap")
-	if got, want := r.status(d), "0 2048 thin-pool 7 10/1024 2/16 7 rw discard_passdown queue_if_no_space - 256 "; got != want {
+	if got, want := r.status(d), "0 2048 thin-pool 7 112/1024 2/16 7 rw discard_passdown queue_if_no_space - 256 "; got != want {
 		t.Errorf("status %q, want %q", got, want)
 	}
 	if got, want := r.status(th), "0 2048 thin 256 511"; got != want {
