@@ -135,6 +135,8 @@ type pool struct {
 	requestedENS      bool     // the bound table's error_if_no_space
 	lowWater          uint64
 	lowWaterTriggered bool
+	metaThreshold     uint64 // metadata low water, in blocks
+	metaBelow         bool   // free metadata is at or below it
 	outOfDataSpace    bool
 	noSpaceDeadline   int64 // clock time, 0 when not armed
 	lastCommit        int64
@@ -650,7 +652,26 @@ func (p *pool) allocBlock() (uint64, error) {
 		p.metadataFailed("dm_pool_alloc_data_block", err)
 		return 0, err
 	}
+	p.checkMetadataThreshold()
 	return b, nil
+}
+
+// checkMetadataThreshold raises the metadata low water event when the
+// metadata space map's free blocks fall to the threshold, once until they
+// rise above it again (dm-space-map-metadata.c: check_threshold).
+func (p *pool) checkMetadataThreshold() {
+	free, err := p.store.FreeMetadataBlocks()
+	if err != nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	below := free <= p.metaThreshold
+	if below && !p.metaBelow {
+		p.logf("reached low water mark for metadata device: sending event.")
+		p.raise()
+	}
+	p.metaBelow = below
 }
 
 // noSpace handles an allocation that found no block even after a commit:

@@ -361,6 +361,7 @@ func (pt *PoolTarget) preresume() error {
 	p.pf = pf
 	p.requestedENS = pt.requested.errorIfNoSpace
 	p.lowWater = pt.lowWater
+	p.metaThreshold = pt.metadataThreshold()
 	p.event = pt.c.Event
 	p.setModeLocked(want)
 	p.mu.Unlock()

@@ -682,3 +682,29 @@ func waitFor(t *testing.T, what string, f func() bool) {
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
+
+func TestMetadataLowWaterEvent(t *testing.T) {
+	r := newRig(t)
+	r.mem("meta", 64<<10) // 16 blocks: threshold 4
+	r.mem("databack", 64*65536)
+	r.create("data", "0 8192 linear databack 0")
+	d := r.create("pool", "0 8192 thin-pool meta data 128 0")
+	th := r.thin("t1", 1, 4<<20)
+	st := r.store()
+	ev := d.EventNr()
+	write(t, th, fill(1, 512), 0) // 10 used of 16: 6 free
+	if d.EventNr() != ev {
+		t.Fatalf("event with 6 free metadata blocks")
+	}
+	st.mu.Lock()
+	st.cur.metaN = 14 // 4 free
+	st.mu.Unlock()
+	write(t, th, fill(1, 512), 65536)
+	if d.EventNr() != ev+1 {
+		t.Errorf("event number %d, want %d at the metadata low water mark", d.EventNr(), ev+1)
+	}
+	write(t, th, fill(1, 512), 2*65536)
+	if d.EventNr() != ev+1 {
+		t.Errorf("event raised again below the mark")
+	}
+}
