@@ -11,14 +11,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
-// benchTarget returns a 3-argument delay target on the process's scheduler.
+// benchTarget returns a 3-argument delay target on a scheduler of its own
+// on the real clock.
 func benchTarget(b *testing.B, delay string) *Target {
 	b.Helper()
-	s, err := Default()
+	s, err := NewRealScheduler()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -27,7 +29,12 @@ func benchTarget(b *testing.B, delay string) *Target {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { tg.Close() })
+	b.Cleanup(func() {
+		tg.Close()
+		if err := s.Close(); err != nil {
+			b.Error(err)
+		}
+	})
 	return tg
 }
 
@@ -105,7 +112,7 @@ func benchWakeup(b *testing.B, yield bool) {
 		for range b.N {
 			w.park()
 			w.sig.Store(0)
-			late = append(late, time.Duration(nanotime()-sent.Load()))
+			late = append(late, time.Duration(clock.Now()-sent.Load()))
 			got.Store(true)
 		}
 	}()
@@ -114,10 +121,10 @@ func benchWakeup(b *testing.B, yield bool) {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		for range b.N {
-			for t := nanotime(); nanotime()-t < 20_000; { // let the receiver park
+			for t := clock.Now(); clock.Now()-t < 20_000; { // let the receiver park
 			}
 			got.Store(false)
-			sent.Store(nanotime())
+			sent.Store(clock.Now())
 			w.signal()
 			for !got.Load() {
 				if yield {
@@ -132,8 +139,6 @@ func benchWakeup(b *testing.B, yield bool) {
 	b.ReportMetric(float64(late[len(late)*99/100])/1e3, "wake-µs-p99")
 	b.ReportMetric(0, "ns/op")
 }
-
-func nanotime() int64 { return int64(time.Since(monoBase)) }
 
 // cpuTime returns the process's user+system CPU time.
 func cpuTime(b *testing.B) time.Duration {

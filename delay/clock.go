@@ -1,17 +1,17 @@
 package delay
 
-import "math"
+import "github.com/dmfuse/dmfuse/internal/clock"
 
 // Forever is the deadline of a wait that only a wake-up ends.
-const Forever int64 = math.MaxInt64
+const Forever = clock.Forever
 
 // Clock is the time source of a Scheduler: it tells the time and waits for a
 // deadline. The real clock (RealClock) waits in ppoll and spins for the last
-// microseconds; tests drive the same scheduler with a manual clock.
+// microseconds; tests drive the same scheduler with a clock.Manual.
 type Clock interface {
-	// Now returns monotonic nanoseconds.
-	Now() int64
-	// Wait blocks until Now() >= deadline or until Wake is called, whichever
+	// Nanotime returns monotonic nanoseconds.
+	clock.Clock
+	// Wait blocks until Nanotime() >= deadline or until Wake is called, whichever
 	// comes first; with deadline Forever only Wake ends it. A Wake that came
 	// while nobody waited ends the next Wait at once. Wait may return early
 	// for no reason; the scheduler checks the time again. Only the scheduler
@@ -22,7 +22,7 @@ type Clock interface {
 	Wake()
 	// Lead is how long before its deadline a request is released (0 on a
 	// manual clock). A released request finishes the wait itself, spinning
-	// on Now until its deadline, so it runs on time even when waking its
+	// on Nanotime until its deadline, so it runs on time even when waking its
 	// goroutine takes longer than the scheduler's own precision.
 	Lead() int64
 	// Yield is called after the scheduler released requests and before it
@@ -33,7 +33,7 @@ type Clock interface {
 }
 
 // A Sleeper is a Clock that can also wait without spinning: Sleep blocks
-// until Now() >= deadline or until Wake is called, like Wait, but gives the
+// until Nanotime() >= deadline or until Wake is called, like Wait, but gives the
 // CPU away for the whole wait, may end a little after the deadline, and
 // with deadline Forever sleeps at once where Wait may poll for a while
 // first. The scheduler sleeps so while several requests are active

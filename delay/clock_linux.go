@@ -6,37 +6,35 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"golang.org/x/sys/unix"
 )
 
 // SpinWindow is how long before a deadline the real clock stops sleeping in
-// ppoll and spins on the monotonic clock instead. ppoll with a timer slack of
-// 1 ns wakes up a few tens of microseconds late on a virtual machine; the
-// spin covers that.
+// ppoll and spins on the monotonic clock instead: a ppoll with a timer slack
+// of 1 ns may still wake up late, on a virtual machine by tens of
+// microseconds, and the spin covers that (BenchmarkAccuracy).
 const SpinWindow = 60 * time.Microsecond
 
 // EarlyWake is how early the real clock releases a request before its
-// deadline (Lead). Waking a parked goroutine on another CPU takes about 65 us
-// at the median on a virtual machine; released this much earlier, the
-// request's goroutine is usually running by its deadline and spins the rest
-// of the way on the monotonic clock, so the release is exact.
+// deadline (Lead): waking a parked goroutine on another CPU takes time
+// (BenchmarkWakeup); released this much earlier, the request's goroutine is
+// usually running by its deadline and spins the rest of the way on the
+// monotonic clock, so the release is exact.
 const EarlyWake = 100 * time.Microsecond
 
-// MaxSleep caps one ppoll in the last NapWindow before the spin. On the
-// virtual machines dmfuse was measured on, a timeout of 100 us ends 10-30 us
-// late at the median and 40-70 us late at p99, but one of 1 ms ends up to
-// 0.4-1.6 ms late at p99 and one of 10 ms up to 4 ms late: long sleeps let
-// the vCPU idle deeply, and the host takes long to wake it. Short naps keep
-// each wake-up short enough for SpinWindow to absorb it.
+// MaxSleep caps one ppoll in the last NapWindow before the spin. Long sleeps
+// let a vCPU idle deeply and end late by far more than short ones; short
+// naps keep each wake-up short enough for SpinWindow to absorb it
+// (BenchmarkAccuracy).
 const MaxSleep = 100 * time.Microsecond
 
 // NapWindow is how long before the spin the real clock sleeps in naps of
 // MaxSleep. Further from it, one ppoll sleeps until NapWindow before the
-// spin: a wait of 2 ms costs four wake-ups instead of nineteen, which a busy
-// machine pays for in context switches, while the vCPU is awake again and
-// napping well before the deadline. Only a long sleep that ends more than
-// NapWindow late (about 1% of 1 ms sleeps on an idle vCPU) makes a release
-// late.
+// spin: a long wait costs a few wake-ups instead of one per MaxSleep, which a
+// busy machine pays for in context switches, while the vCPU is awake again
+// and napping well before the deadline. Only a long sleep that ends more than
+// NapWindow late makes a release late.
 const NapWindow = 300 * time.Microsecond
 
 // Linger is how long the real clock keeps polling for new requests in short
@@ -50,11 +48,10 @@ const Linger = 200 * time.Microsecond
 // LingerBelow is the delay below which a released request makes the real
 // clock linger (Linger) when nothing else is queued. The next request of a
 // longer delay is released at least LingerBelow - EarlyWake - SpinWindow
-// (340 us) after it arrives, more than waking the scheduler's thread takes,
-// while the naps of a linger, each a timer interrupt, compete for the CPUs
-// with the released request's spin, its reply and the application: on a
-// 2-vCPU VM a 1 ms delay device at queue depth 1 served 875-882 IOPS on
-// /dev/fuse with a linger after every release, 938-957 without.
+// after it arrives, more than waking the scheduler's thread takes, while the
+// naps of a linger, each a timer interrupt, compete for the CPUs with the
+// released request's spin, its reply and the application: a linger after
+// every release costs IOPS at 1 ms (BenchmarkQD1CPU).
 const LingerBelow = 500 * time.Microsecond
 
 // nap is the timeout of one ppoll while lingering or yielding.
@@ -71,8 +68,6 @@ type RealClock struct {
 	ts      unix.Timespec  // Sleep's timeout, the waiting goroutine's
 }
 
-var monoBase = time.Now()
-
 // NewRealClock returns a real clock with its own eventfd.
 func NewRealClock() (*RealClock, error) {
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
@@ -84,8 +79,11 @@ func NewRealClock() (*RealClock, error) {
 	return c, nil
 }
 
-// Now implements Clock with the runtime's monotonic clock (vDSO, no syscall).
-func (c *RealClock) Now() int64 { return int64(time.Since(monoBase)) }
+// Close closes the clock's eventfd. Nothing may use the clock after.
+func (c *RealClock) Close() error { return unix.Close(c.fd) }
+
+// Nanotime implements Clock: clock.Now.
+func (c *RealClock) Nanotime() int64 { return clock.Now() }
 
 // Wake implements Clock. Only the first Wake after a Wait writes the eventfd.
 func (c *RealClock) Wake() {
@@ -108,9 +106,9 @@ func (c *RealClock) Yield() {
 // Wait implements Clock.
 func (c *RealClock) Wait(deadline int64) {
 	if deadline == Forever {
-		end := c.Now() + int64(Linger)
+		end := c.Nanotime() + int64(Linger)
 		ts := unix.NsecToTimespec(int64(nap))
-		for c.Now() < end {
+		for c.Nanotime() < end {
 			if n, _ := unix.Ppoll(c.fds[:], &ts, nil); n > 0 {
 				c.consume()
 				return
@@ -126,7 +124,7 @@ func (c *RealClock) Wait(deadline int64) {
 	}
 	spin := int64(SpinWindow)
 	for {
-		rem := deadline - c.Now()
+		rem := deadline - c.Nanotime()
 		if rem <= spin {
 			break
 		}
@@ -140,7 +138,7 @@ func (c *RealClock) Wait(deadline int64) {
 			break
 		}
 	}
-	for c.Now() < deadline {
+	for c.Nanotime() < deadline {
 		if c.pending.Load() {
 			return // the next Wait finds the eventfd readable and consumes it
 		}
@@ -155,7 +153,7 @@ func (c *RealClock) Sleep(deadline int64) {
 		if deadline == Forever {
 			timeout = nil
 		} else {
-			rem := deadline - c.Now()
+			rem := deadline - c.Nanotime()
 			if rem <= 0 {
 				return
 			}

@@ -11,19 +11,22 @@ import (
 	"github.com/dmfuse/dmfuse/stack"
 )
 
-// Type is the delay target type (dm-delay v1.5.0), served by the process's
-// scheduler on the real clock.
+// Type is the delay target type (dm-delay v1.5.0). The delay targets of a
+// Manager share one scheduler on the real clock (Ctor.Shared).
 var Type = &stack.TargetType{
 	Name:    "delay",
 	Version: [3]int{1, 5, 0},
 	New: func(c *stack.Ctor, args []string) (stack.Target, error) {
-		s, err := Default()
+		v, err := c.Shared.Get(schedulerKey{}, func() (any, error) { return NewRealScheduler() })
 		if err != nil {
 			return nil, &stack.ArgError{Reason: "Cannot start delay scheduler: " + err.Error(), Errno: errnoOf(err, syscall.ENOMEM)}
 		}
-		return New(s, c, args)
+		return New(v.(*Scheduler), c, args)
 	},
 }
+
+// schedulerKey is the key of the scheduler in a stack.SharedSet.
+type schedulerKey struct{}
 
 // NewType returns a delay target type whose targets are served by s (a
 // scheduler on a manual clock, in tests).

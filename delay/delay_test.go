@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/hints"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -99,21 +100,19 @@ func TestReleaseOrderAndBatching(t *testing.T) {
 		}
 		waitStatus(t, tg, want)
 	}
-	if d := r.clock.settle(); d != r.clock.Now()+1*ms {
-		t.Fatalf("scheduler waits for %d, want the write deadline %d", d, r.clock.Now()+1*ms)
+	if d := r.clock.Settle(); d != r.clock.Nanotime()+1*ms {
+		t.Fatalf("scheduler waits for %d, want the write deadline %d", d, r.clock.Nanotime()+1*ms)
 	}
-	r.clock.Advance(ms / 2)
-	r.clock.settle()
+	r.clock.Advance(time.Duration(ms / 2))
+	r.clock.Settle()
 	for _, o := range ops {
 		if o.finished() {
 			t.Fatal("a request finished before its deadline")
 		}
 	}
-	r.clock.mu.Lock()
-	before := r.clock.returns
-	r.clock.mu.Unlock()
-	r.clock.Advance(6 * ms)
-	r.clock.settle()
+	before := r.clock.Waits()
+	r.clock.Advance(time.Duration(6 * ms))
+	r.clock.Settle()
 	for _, o := range ops {
 		if err := o.result(t); err != nil {
 			t.Fatal(err)
@@ -122,9 +121,7 @@ func TestReleaseOrderAndBatching(t *testing.T) {
 	if got := r.releasedSeqs(); !slices.Equal(got, []uint64{1, 2, 3, 4, 5}) {
 		t.Errorf("release order %v, want arrival order [1 2 3 4 5]", got)
 	}
-	r.clock.mu.Lock()
-	passes := r.clock.returns - before
-	r.clock.mu.Unlock()
+	passes := r.clock.Waits() - before
 	if passes != 1 {
 		t.Errorf("%d wake-ups to release one batch, want 1", passes)
 	}
@@ -140,11 +137,11 @@ func TestPartialRelease(t *testing.T) {
 	for i := range 4 {
 		ops = append(ops, r.read(tg, ctx))
 		waitStatus(t, tg, []string{"1 0 0", "2 0 0", "3 0 0", "4 0 0"}[i])
-		r.clock.Advance(2 * ms) // issued at 0, 2, 4, 6 ms
+		r.clock.Advance(time.Duration(2 * ms)) // issued at 0, 2, 4, 6 ms
 	}
-	r.clock.settle()        // now 8 ms: nothing due before 10 ms
-	r.clock.Advance(5 * ms) // 13 ms: first two due
-	if d := r.clock.settle(); d != ops[2].issued+10*ms {
+	r.clock.Settle()                       // now 8 ms: nothing due before 10 ms
+	r.clock.Advance(time.Duration(5 * ms)) // 13 ms: first two due
+	if d := r.clock.Settle(); d != ops[2].issued+10*ms {
 		t.Errorf("next wait until %d, want %d", d, ops[2].issued+10*ms)
 	}
 	for _, o := range ops[:2] {
@@ -156,7 +153,7 @@ func TestPartialRelease(t *testing.T) {
 		t.Fatal("request released before its deadline")
 	}
 	waitStatus(t, tg, "2 0 0")
-	r.clock.Advance(10 * ms)
+	r.clock.Advance(time.Duration(10 * ms))
 	for _, o := range ops[2:] {
 		if err := o.result(t); err != nil {
 			t.Fatal(err)
@@ -176,29 +173,29 @@ func TestEarlierDeadlineWakes(t *testing.T) {
 	ctx := context.Background()
 	s1 := r.read(slow, ctx)
 	waitStatus(t, slow, "1 0 0")
-	if d := r.clock.settle(); d != s1.issued+100*ms {
+	if d := r.clock.Settle(); d != s1.issued+100*ms {
 		t.Fatalf("waiting until %d, want %d", d, s1.issued+100*ms)
 	}
 	f1 := r.write(fast, ctx)
 	waitStatus(t, fast, "0 1 0")
-	if d := r.clock.settle(); d != f1.issued+50_000 {
+	if d := r.clock.Settle(); d != f1.issued+50_000 {
 		t.Fatalf("after an earlier request, waiting until %d, want %d", d, f1.issued+50_000)
 	}
-	r.clock.Advance(50_000)
+	r.clock.Advance(time.Duration(50_000))
 	if err := f1.result(t); err != nil {
 		t.Fatal(err)
 	}
-	if d := r.clock.settle(); d != s1.issued+100*ms {
+	if d := r.clock.Settle(); d != s1.issued+100*ms {
 		t.Fatalf("then waiting until %d, want %d", d, s1.issued+100*ms)
 	}
 	if s1.finished() {
 		t.Fatal("slow request released early")
 	}
-	r.clock.Advance(100 * ms)
+	r.clock.Advance(time.Duration(100 * ms))
 	if err := s1.result(t); err != nil {
 		t.Fatal(err)
 	}
-	if d := r.clock.settle(); d != Forever {
+	if d := r.clock.Settle(); d != Forever {
 		t.Errorf("idle scheduler waits until %d, want Forever", d)
 	}
 }
@@ -234,7 +231,7 @@ func TestPresuspendAndResume(t *testing.T) {
 	tg.Resume()
 	o := r.read(tg, ctx)
 	waitStatus(t, tg, "1 0 0")
-	r.clock.Advance(100 * ms)
+	r.clock.Advance(time.Duration(100 * ms))
 	if err := o.result(t); err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +256,7 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("cancelled read: %v, want EINTR and context.Canceled", err)
 	}
 	waitStatus(t, tg, "2 0 0")
-	r.clock.Advance(10 * ms)
+	r.clock.Advance(time.Duration(10 * ms))
 	for _, o := range []*op{a, c} {
 		if err := o.result(t); err != nil {
 			t.Fatal(err)
@@ -304,7 +301,7 @@ func TestClasses(t *testing.T) {
 	if w.finished() || z.finished() || d.finished() || f.finished() {
 		t.Fatal("a delayed request finished before its deadline")
 	}
-	r.clock.Advance(10 * ms)
+	r.clock.Advance(time.Duration(10 * ms))
 	for _, o := range []*op{w, z, d, f} {
 		if err := o.result(t); err != nil {
 			t.Fatal(err)
@@ -331,7 +328,7 @@ func TestImpliedClasses(t *testing.T) {
 	t6 := r.target("8:16 0 0 8:32 0 10")
 	f := r.start(func(ctx context.Context) error { return t6.Flush(ctx) }, ctx)
 	waitStatus(t, t6, "0 0 1")
-	r.clock.Advance(10 * ms)
+	r.clock.Advance(time.Duration(10 * ms))
 	if err := f.result(t); err != nil || r.devs["8:32"].Flushes() != 1 {
 		t.Fatalf("6-arg flush: %v, flushes on write device %d", err, r.devs["8:32"].Flushes())
 	}
@@ -339,7 +336,7 @@ func TestImpliedClasses(t *testing.T) {
 	f = r.start(func(ctx context.Context) error { return t3.Flush(ctx) }, ctx)
 	w := r.write(t3, ctx)
 	waitStatus(t, t3, "0 1 1")
-	r.clock.Advance(10 * ms)
+	r.clock.Advance(time.Duration(10 * ms))
 	if err := errors.Join(f.result(t), w.result(t)); err != nil || r.devs["8:48"].Flushes() != 1 {
 		t.Fatalf("3-arg flush/write: %v, flushes %d", err, r.devs["8:48"].Flushes())
 	}
@@ -367,7 +364,7 @@ func TestManyConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			ctx := context.Background()
-			issued := r.clock.Now()
+			issued := r.clock.Nanotime()
 			var err error
 			switch kind {
 			case classRead:
@@ -377,7 +374,7 @@ func TestManyConcurrent(t *testing.T) {
 			default:
 				err = tg.Flush(ctx)
 			}
-			if err == nil && r.clock.Now() < issued+cls.delay {
+			if err == nil && r.clock.Nanotime() < issued+cls.delay {
 				err = errors.New("released before its deadline")
 			}
 			if err != nil {
@@ -392,7 +389,7 @@ func TestManyConcurrent(t *testing.T) {
 		case <-done:
 			stop = true
 		default:
-			r.clock.Advance(rng.Int64N(300_000))
+			r.clock.Advance(time.Duration(rng.Int64N(300_000)))
 			for range 50 {
 				runtime.Gosched()
 			}
@@ -460,7 +457,7 @@ func TestLookupErrorOnce(t *testing.T) {
 	}
 }
 
-// hintCounter counts stack.Waiting calls.
+// hintCounter counts hints.Waiting calls.
 type hintCounter struct{ n atomic.Int32 }
 
 func (h *hintCounter) Waiting() { h.n.Add(1) }
@@ -471,7 +468,7 @@ func TestWaitingHint(t *testing.T) {
 	r := newRig(t)
 	tg := r.target("8:16 0 10 8:32 0 0")
 	h := &hintCounter{}
-	ctx := stack.WithWaiter(context.Background(), h)
+	ctx := hints.WithWaiter(context.Background(), h)
 	w := r.write(tg, ctx)
 	if err := w.result(t); err != nil {
 		t.Fatal(err)
@@ -484,7 +481,7 @@ func TestWaitingHint(t *testing.T) {
 	if n := h.n.Load(); n != 1 {
 		t.Errorf("%d hints for a queued read, want 1", n)
 	}
-	r.clock.Advance(10 * ms)
+	r.clock.Advance(time.Duration(10 * ms))
 	if err := a.result(t); err != nil {
 		t.Fatal(err)
 	}
@@ -527,36 +524,36 @@ func (c *continueRecorder) waitFor(t *testing.T, n int) {
 // it waits; a request no longer than the lead says both at once.
 func TestContinuingHint(t *testing.T) {
 	r := newRig(t)
-	r.clock.lead = 2 * ms
+	r.clock.lead.Store(2 * ms)
 	tg := r.target("8:16 0 10 8:32 0 1") // reads 10 ms, writes 1 ms (no longer than the lead)
 	h := &continueRecorder{}
-	ctx := stack.WithWaiter(context.Background(), h)
+	ctx := hints.WithWaiter(context.Background(), h)
 	rd := r.read(tg, ctx)
 	waitStatus(t, tg, "1 0 0")
-	r.clock.settle()
+	r.clock.Settle()
 	if got := h.get(); !slices.Equal(got, []string{"waiting"}) {
 		t.Fatalf("hints while queued: %v", got)
 	}
-	r.clock.Advance(8 * ms) // the release, 2 ms early
+	r.clock.Advance(time.Duration(8 * ms)) // the release, 2 ms early
 	waitStatus(t, tg, "0 0 0")
 	h.waitFor(t, 2)
 	if got := h.get(); !slices.Equal(got, []string{"waiting", "continuing"}) {
 		t.Fatalf("hints once released: %v", got)
 	}
 	stillRunning(t, rd, "an early released read")
-	r.clock.Advance(2 * ms)
+	r.clock.Advance(time.Duration(2 * ms))
 	if err := rd.result(t); err != nil {
 		t.Fatal(err)
 	}
 	h2 := &continueRecorder{}
-	wr := r.write(tg, stack.WithWaiter(context.Background(), h2))
+	wr := r.write(tg, hints.WithWaiter(context.Background(), h2))
 	waitStatus(t, tg, "0 1 0")
 	h2.waitFor(t, 2)
 	stillRunning(t, wr, "a write shorter than the lead")
 	if got := h2.get(); !slices.Equal(got, []string{"waiting", "continuing"}) {
 		t.Fatalf("hints of a write shorter than the lead: %v", got)
 	}
-	r.clock.Advance(ms)
+	r.clock.Advance(time.Duration(ms))
 	if err := wr.result(t); err != nil {
 		t.Fatal(err)
 	}

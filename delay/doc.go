@@ -17,8 +17,9 @@
 //
 // # Scheduler
 //
-// Go timers cannot wait less than about 1.1 ms, so one Scheduler per process
-// (Default) serves every delay target: a goroutine locked to its OS thread,
+// Go timers cannot wait less than about 1.1 ms, so one Scheduler per Manager
+// (kept in its stack.SharedSet, closed by Manager.Close) serves every delay
+// target: a goroutine locked to its OS thread,
 // with timer slack 1 ns, keeps each target's earliest deadline in a heap and
 // waits in ppoll(2) on an eventfd, in one sleep until NapWindow before the
 // spin and in naps of at most MaxSleep after it, until SpinWindow before the
@@ -55,27 +56,13 @@
 // its last microseconds.
 //
 // Clock abstracts "now" and "wait until", so unit tests drive the same code on
-// a manual clock.
+// a clock.Manual. A scheduler on the real clock wants SchedulerProcs Ps on
+// top of one per CPU; the daemon raises GOMAXPROCS by them.
 //
 // # Measurements
 //
-// go test -run XXX -bench 'Accuracy/scheduler|Wakeup|QD1CPU|QueueDepth'
-// -benchtime 2000x -count 3 ./delay/ on an otherwise idle 2-vCPU VM (kernel
-// 6.18.44); lateness = actual minus requested delay of a 4 KiB ReadAt,
-// median / p99, range of the 3 runs (in brackets, two runs of the same
-// command when the scheduler lingered after every release, not only after
-// delays below LingerBelow):
-//
-//	0.05 ms  0.2 us / 18-21 us        [0.2-0.3 us / 19-41 us]
-//	0.1 ms   0.2 us / 17-21 us        [0.2-0.4 us / 14-71 us]
-//	1 ms     0.6 us / 17-19 us        [0.6-1.5 us / 170-1163 us]
-//	10 ms    1.4-2.9 us / 299-603 us  [2.5-21 us / 332-2645 us]
-//
-// The release itself (BenchmarkWakeup, futex wake to the parked thread
-// running) takes 2.7-3.0 us at the median when the scheduler naps right after
-// it. CPU: 0.5-0.7 ms per second idle with a target constructed
-// (BenchmarkIdleCPU, -benchtime 5x); 322-343 ms per second serving QD1 at
-// 1 ms (BenchmarkQD1CPU, 995-998 IOPS; 402-416 ms/s at 965-973 IOPS with a
-// linger after every release); 64 concurrent requests on 10 ms reach
-// 5926-6168 IOPS of 6400 (BenchmarkQueueDepth).
+// BenchmarkAccuracy, BenchmarkWakeup, BenchmarkIdleCPU, BenchmarkQD1CPU and
+// BenchmarkQueueDepth measure the lateness of releases, the release itself,
+// and the CPU the scheduler costs; docs/benchmarks.md ("In-process
+// benchmarks") has the current figures.
 package delay

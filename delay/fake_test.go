@@ -4,91 +4,39 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 )
 
-// fakeClock is a manual Clock: time moves only by Advance, and Wait blocks
-// until then or a Wake.
-type fakeClock struct {
-	mu       sync.Mutex
-	cond     sync.Cond
-	now      int64
-	inWait   bool
-	deadline int64
-	woken    bool
-	returns  int   // Wait calls that returned
-	lead     int64 // what Lead returns
+// manualClock is a clock.Manual with the Lead and Yield of a Clock: time
+// moves only by Advance, and Wait blocks until then or a Wake.
+type manualClock struct {
+	*clock.Manual
+	lead atomic.Int64 // what Lead returns
 }
 
-func newFakeClock() *fakeClock {
-	c := &fakeClock{now: 1_000_000_000}
-	c.cond.L = &c.mu
+func newManualClock() *manualClock {
+	c := &manualClock{Manual: &clock.Manual{}}
+	c.Set(1_000_000_000)
 	return c
 }
 
-func (c *fakeClock) Now() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
+// Lead implements Clock.
+func (c *manualClock) Lead() int64 { return c.lead.Load() }
 
-func (c *fakeClock) Wait(deadline int64) {
-	c.mu.Lock()
-	c.inWait, c.deadline = true, deadline
-	c.cond.Broadcast()
-	for !c.woken && c.now < deadline {
-		c.cond.Wait()
-	}
-	c.woken, c.inWait = false, false
-	c.returns++
-	c.cond.Broadcast()
-	c.mu.Unlock()
-}
-
-func (c *fakeClock) Wake() {
-	c.mu.Lock()
-	c.woken = true
-	c.cond.Broadcast()
-	c.mu.Unlock()
-}
-
-func (c *fakeClock) Yield() {}
-
-func (c *fakeClock) Lead() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.lead
-}
-
-// Advance moves time forward by d nanoseconds.
-func (c *fakeClock) Advance(d int64) {
-	c.mu.Lock()
-	c.now += d
-	c.cond.Broadcast()
-	c.mu.Unlock()
-}
-
-// settle blocks until the scheduler waits with nothing to do now: it is in
-// Wait, no wake-up is pending and its deadline is in the future. It returns
-// that deadline.
-func (c *fakeClock) settle() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for !c.inWait || c.woken || c.now >= c.deadline {
-		c.cond.Wait()
-	}
-	return c.deadline
-}
+// Yield implements Clock.
+func (c *manualClock) Yield() {}
 
 const ms = int64(1_000_000)
 
 // rig is a scheduler on a fake clock and some memory devices.
 type rig struct {
 	t     testing.TB
-	clock *fakeClock
+	clock *manualClock
 	s     *Scheduler
 	devs  map[string]*stacktest.MemDevice
 
@@ -97,7 +45,7 @@ type rig struct {
 }
 
 func newRig(t testing.TB) *rig {
-	r := &rig{t: t, clock: newFakeClock(), devs: map[string]*stacktest.MemDevice{}}
+	r := &rig{t: t, clock: newManualClock(), devs: map[string]*stacktest.MemDevice{}}
 	r.s = NewScheduler(r.clock)
 	r.s.onRelease = func(w *waiter) {
 		r.relMu.Lock()
@@ -154,7 +102,7 @@ type op struct {
 }
 
 func (r *rig) start(f func(ctx context.Context) error, ctx context.Context) *op {
-	o := &op{issued: r.clock.Now(), done: make(chan error, 1)}
+	o := &op{issued: r.clock.Nanotime(), done: make(chan error, 1)}
 	go func() { o.done <- f(ctx) }()
 	return o
 }

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // stillRunning fails the test if o finishes while the other goroutines get
@@ -27,21 +28,21 @@ func stillRunning(t *testing.T, o *op, what string) {
 // once, parked or spinning.
 func TestEarlyRelease(t *testing.T) {
 	r := newRig(t)
-	r.clock.lead = 2 * ms
+	r.clock.lead.Store(2 * ms)
 	tg := r.target("8:16 0 10 8:32 0 1") // reads 10 ms, writes 1 ms (no longer than the lead)
 	ctx := context.Background()
 
 	rd := r.read(tg, ctx)
 	waitStatus(t, tg, "1 0 0")
-	if d := r.clock.settle(); d != rd.issued+8*ms {
+	if d := r.clock.Settle(); d != rd.issued+8*ms {
 		t.Fatalf("scheduler waits until %d, want 2 ms before the deadline (%d)", d-rd.issued, 8*ms)
 	}
-	r.clock.Advance(8 * ms)
+	r.clock.Advance(time.Duration(8 * ms))
 	waitStatus(t, tg, "0 0 0") // released, early
 	stillRunning(t, rd, "an early released read")
-	r.clock.Advance(2*ms - 1)
+	r.clock.Advance(time.Duration(2*ms - 1))
 	stillRunning(t, rd, "an early released read")
-	r.clock.Advance(1)
+	r.clock.Advance(time.Duration(1))
 	if err := rd.result(t); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestEarlyRelease(t *testing.T) {
 	wr := r.write(tg, ctx)
 	waitStatus(t, tg, "0 1 0") // queued (its deadline taken) before the clock moves
 	stillRunning(t, wr, "a write shorter than the lead")
-	r.clock.Advance(ms)
+	r.clock.Advance(time.Duration(ms))
 	if err := wr.result(t); err != nil {
 		t.Fatal(err)
 	}
@@ -89,33 +90,33 @@ func TestEarlyRelease(t *testing.T) {
 // early.
 func TestLeadOnlyWhenAlone(t *testing.T) {
 	r, sc := newSleepRig(t)
-	r.clock.lead = 2 * ms
+	r.clock.lead.Store(2 * ms)
 	ta := r.target("8:16 0 10")
 	tb := r.target("8:32 0 10")
 	ctx := context.Background()
-	r.clock.settle() // with nothing queued yet, in Sleep: nothing was released
+	r.clock.Settle() // with nothing queued yet, in Sleep: nothing was released
 	base := sc.sleeps.Load()
 
 	a := r.read(ta, ctx)
 	waitStatus(t, ta, "1 0 0")
-	if d := r.clock.settle(); d != a.issued+8*ms {
+	if d := r.clock.Settle(); d != a.issued+8*ms {
 		t.Fatalf("alone: scheduler waits until %d, want the lead before the deadline (%d)", d-a.issued, 8*ms)
 	}
 	if n := sc.sleeps.Load() - base; n != 0 {
 		t.Fatalf("alone: %d sleeps, want the scheduler in Wait", n)
 	}
-	r.clock.Advance(ms)
+	r.clock.Advance(time.Duration(ms))
 	b := r.read(tb, ctx)
 	waitStatus(t, tb, "1 0 0")
-	r.clock.Advance(7 * ms) // a's early release time, now with b active
-	if d := r.clock.settle(); d != a.issued+10*ms {
+	r.clock.Advance(time.Duration(7 * ms)) // a's early release time, now with b active
+	if d := r.clock.Settle(); d != a.issued+10*ms {
 		t.Fatalf("with another request active: scheduler waits until %d, want the deadline (%d)", d-a.issued, 10*ms)
 	}
 	if n := sc.sleeps.Load() - base; n != 1 {
 		t.Fatalf("with another request active: %d sleeps, want 1", n)
 	}
 	waitStatus(t, ta, "1 0 0") // not released early
-	r.clock.Advance(2 * ms)
+	r.clock.Advance(time.Duration(2 * ms))
 	if err := a.result(t); err != nil { // released at its deadline, no spin
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestLeadOnlyWhenAlone(t *testing.T) {
 	r.clock.Wake()
 	waitStatus(t, tb, "0 0 0")
 	stillRunning(t, b, "an early released read")
-	r.clock.Advance(ms)
+	r.clock.Advance(time.Duration(ms))
 	if err := b.result(t); err != nil {
 		t.Fatal(err)
 	}
@@ -135,15 +136,15 @@ func TestLeadOnlyWhenAlone(t *testing.T) {
 	}
 }
 
-// sleepClock is a fakeClock that is also a Sleeper, counting its Sleeps.
+// sleepClock is a manualClock that is also a Sleeper, counting its Sleeps.
 type sleepClock struct {
-	*fakeClock
+	*manualClock
 	sleeps atomic.Int32
 }
 
 func (c *sleepClock) Sleep(deadline int64) {
 	c.sleeps.Add(1)
-	c.fakeClock.Wait(deadline)
+	c.manualClock.Wait(deadline)
 }
 
 // TestLingerOnlyAfterShortDelays: with nothing queued, the scheduler waits
@@ -152,7 +153,7 @@ func (c *sleepClock) Sleep(deadline int64) {
 func TestLingerOnlyAfterShortDelays(t *testing.T) {
 	r, sc := newSleepRig(t)
 	lead := ms / 10
-	r.clock.lead = lead
+	r.clock.lead.Store(lead)
 	short := int64(LingerBelow) / 2
 	long := r.target("8:16 0 10")
 	brief := r.target(fmt.Sprintf("8:32 0 %g", float64(short)/float64(ms)))
@@ -165,17 +166,17 @@ func TestLingerOnlyAfterShortDelays(t *testing.T) {
 		t.Helper()
 		o := r.read(tg, ctx)
 		waitStatus(t, tg, "1 0 0")
-		if got := r.clock.settle(); got != o.issued+d-lead {
+		if got := r.clock.Settle(); got != o.issued+d-lead {
 			t.Fatalf("delay %d: scheduler waits until %d, want %d", d, got-o.issued, d-lead)
 		}
 		n := sc.sleeps.Load()
-		r.clock.Advance(d - lead)
+		r.clock.Advance(time.Duration(d - lead))
 		waitStatus(t, tg, "0 0 0")
-		r.clock.Advance(lead)
+		r.clock.Advance(time.Duration(lead))
 		if err := o.result(t); err != nil {
 			t.Fatal(err)
 		}
-		if got := r.clock.settle(); got != Forever {
+		if got := r.clock.Settle(); got != Forever {
 			t.Fatalf("delay %d: after the release the scheduler waits until %d, want Forever", d, got)
 		}
 		return sc.sleeps.Load() - n
@@ -195,7 +196,7 @@ func TestLingerOnlyAfterShortDelays(t *testing.T) {
 // counts its sleeps.
 func newSleepRig(t *testing.T) (*rig, *sleepClock) {
 	r := newRig(t)
-	sc := &sleepClock{fakeClock: r.clock}
+	sc := &sleepClock{manualClock: r.clock}
 	onRelease := r.s.onRelease
 	r.s = NewScheduler(sc)
 	r.s.onRelease = onRelease

@@ -19,18 +19,22 @@ func TestRealClockWake(t *testing.T) {
 	c.Wake()
 	c.Wake()
 	c.Wait(Forever) // a Wake that came first ends the next Wait
-	c.Wait(c.Now() - 1)
-	c.Wait(c.Now() + 100_000) // spins out
+	c.Wait(c.Nanotime() - 1)
+	c.Wait(c.Nanotime() + 100_000) // spins out
 	done := make(chan struct{})
 	go func() { c.Wait(Forever); close(done) }()
 	c.Wake()
 	<-done
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestRealSchedulerConcurrent runs delayed reads and writes from many
-// goroutines through the process's scheduler and checks the data.
+// goroutines through a scheduler on the real clock and checks the data; the
+// scheduler refuses to close while the target lives and closes after.
 func TestRealSchedulerConcurrent(t *testing.T) {
-	s, err := Default()
+	s, err := NewRealScheduler()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +72,13 @@ func TestRealSchedulerConcurrent(t *testing.T) {
 	if got := tg.Status(stack.StatusInfo); got != "0 0 0" {
 		t.Errorf("status %q after all I/O completed", got)
 	}
+	if err := s.Close(); err == nil {
+		t.Fatal("scheduler closed while its target lives")
+	}
+	tg.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestNapFor: a wait sleeps in one ppoll until NapWindow before its spin,
@@ -100,5 +111,39 @@ func TestNapFor(t *testing.T) {
 		if len(naps) != tc.naps || naps[0] != tc.first {
 			t.Errorf("rem %d: naps %v, want %d starting with %d", tc.rem, naps, tc.naps, tc.first)
 		}
+	}
+}
+
+// TestSharedScheduler: the delay targets built with one stack.SharedSet share
+// one scheduler on the real clock, which closes with the set once they are
+// closed; targets of another set get another scheduler.
+func TestSharedScheduler(t *testing.T) {
+	var set, other stack.SharedSet
+	open := stacktest.Opener{"m": stacktest.NewMemDevice("m", 1<<20)}.Open
+	build := func(s *stack.SharedSet) *Target {
+		tg, err := Type.New(&stack.Ctor{Len: 8, Open: open, Shared: s}, []string{"m", "0", "1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tg.(*Target)
+	}
+	a, b, c := build(&set), build(&set), build(&other)
+	if a.q.s != b.q.s || a.q.s == c.q.s {
+		t.Fatal("targets of one set do not share one scheduler, or targets of two sets do")
+	}
+	if _, err := a.WriteAt(context.Background(), make([]byte, 512), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, tg := range []*Target{a, b, c} {
+		tg.Close()
+	}
+	if err := set.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Type.New(&stack.Ctor{Len: 8, Open: open, Shared: &set}, []string{"m", "0", "1"}); err == nil {
+		t.Error("a target was built on a closed set")
 	}
 }

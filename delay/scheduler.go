@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -22,7 +23,8 @@ const (
 )
 
 // Scheduler releases delayed requests at their deadlines. One scheduler
-// serves every delay target of a process: a single goroutine, locked to its
+// serves every delay target of a Manager (Type keeps it in the Manager's
+// stack.SharedSet): a single goroutine, locked to its
 // OS thread, keeps the earliest pending deadline of each target in a heap and
 // waits on its Clock until the earliest one, less the clock's Lead. Each
 // pass releases every request due within the lead, target by target, in the
@@ -38,6 +40,7 @@ type Scheduler struct {
 	sleeper Sleeper // clock, if it can sleep without spinning
 
 	mu        sync.Mutex
+	stopped   sync.Cond // signalled on mu when the loop goroutine ends
 	heap      queueHeap // queues with pending requests, by earliest deadline
 	users     int       // live targets
 	running   bool      // the loop goroutine exists
@@ -69,29 +72,44 @@ type Scheduler struct {
 func NewScheduler(c Clock) *Scheduler {
 	s := &Scheduler{clock: c}
 	s.sleeper, _ = c.(Sleeper)
+	s.stopped.L = &s.mu
 	return s
 }
 
-var (
-	defaultOnce  sync.Once
-	defaultSched *Scheduler
-	defaultErr   error
-)
+// SchedulerProcs is how many Ps a scheduler on the real clock wants on top
+// of one per CPU: one for its thread, which naps in ppoll, and one for a
+// request parked in futex. A thread in a system call holds its P until the
+// runtime's sysmon takes it back; with no spare P a goroutine the scheduler
+// readies waits for sysmon. The daemon raises GOMAXPROCS by it.
+const SchedulerProcs = 2
 
-// Default returns the scheduler of the process, on the real clock.
-func Default() (*Scheduler, error) {
-	defaultOnce.Do(func() {
-		c, err := NewRealClock()
-		if err != nil {
-			defaultErr = err
-			return
-		}
-		defaultSched = NewScheduler(c)
-		// A P for the scheduler's thread, which naps in ppoll, and
-		// one for a request parked in futex.
-		stack.RaiseProcs(2)
-	})
-	return defaultSched, defaultErr
+// NewRealScheduler returns a scheduler on a real clock of its own. Close it
+// once its targets are closed.
+func NewRealScheduler() (*Scheduler, error) {
+	c, err := NewRealClock()
+	if err != nil {
+		return nil, err
+	}
+	return NewScheduler(c), nil
+}
+
+// Close waits for the scheduler's goroutine to end and closes its clock (if
+// the clock has a Close). It fails while a target still uses the scheduler.
+func (s *Scheduler) Close() error {
+	s.mu.Lock()
+	if s.users > 0 {
+		n := s.users
+		s.mu.Unlock()
+		return fmt.Errorf("delay: scheduler still serves %d targets", n)
+	}
+	for s.running {
+		s.stopped.Wait()
+	}
+	s.mu.Unlock()
+	if c, ok := s.clock.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 // acquire registers a target, starting the loop if it is not running.
@@ -161,11 +179,12 @@ func (s *Scheduler) loop() {
 	for {
 		if s.users == 0 && len(s.heap) == 0 {
 			s.running = false
+			s.stopped.Broadcast()
 			s.mu.Unlock()
 			return
 		}
 		lead := s.lead()
-		now := s.clock.Now() + lead
+		now := s.clock.Nanotime() + lead
 		for len(s.heap) > 0 && s.heap[0].key <= now {
 			s.due = append(s.due, heap.Pop(&s.heap).(*queue))
 		}
@@ -186,7 +205,7 @@ func (s *Scheduler) loop() {
 			continue
 		}
 		s.mu.Unlock()
-		s.pass(s.clock.Now() + lead)
+		s.pass(s.clock.Nanotime() + lead)
 		s.mu.Lock()
 		for i, q := range s.due {
 			if s.dueMore[i] {
@@ -367,7 +386,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	w := waiterPool.Get().(*waiter)
 	w.sig.Store(0)
 	long := d > q.s.clock.Lead()
-	due := q.s.clock.Now() + d // presuspend rewrites w.deadline once queued
+	due := q.s.clock.Nanotime() + d // presuspend rewrites w.deadline once queued
 	w.deadline, w.delay = due, d
 	w.class, w.state = uint8(c), stateQueued
 	q.mu.seq++
@@ -393,7 +412,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 		// than the delay. Spin until released or due; a request that is
 		// due before the scheduler took it leaves the queue itself.
 		for w.sig.Load() == 0 {
-			if q.s.clock.Now() < due {
+			if q.s.clock.Nanotime() < due {
 				runtime.Gosched() // up to the whole delay: let others run
 				continue
 			}
@@ -452,7 +471,7 @@ func (q *queue) finish(w *waiter, reuse bool) {
 	if reuse {
 		waiterPool.Put(w)
 	}
-	for q.s.clock.Now() < deadline {
+	for q.s.clock.Nanotime() < deadline {
 	}
 }
 

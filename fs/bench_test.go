@@ -9,8 +9,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 const benchSectors = 32768 // 16 MiB
@@ -41,7 +41,7 @@ func benchNode(b *testing.B, table string) *devNode {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, stats.SystemClock)
+	m := stack.NewManager(context.Background(), reg, clock.System)
 	b.Cleanup(m.RemoveAll)
 	text := fmt.Sprintf(table, benchSectors, f.Name())
 	d, err := m.Create(stack.CreateOptions{Name: "bench", Minor: -1, Table: text})

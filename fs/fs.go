@@ -85,9 +85,10 @@ type Options struct {
 	// URingDepth is the number of io_uring entries per queue (0: default).
 	URingDepth int
 	// Poll is how each io_uring queue's thread waits for its next
-	// request: 0 polls adaptively (up to uring.DefaultPollWindow each time
-	// the queue runs dry, while its polls find requests), PollOff never
-	// polls, a positive value polls up to that long every time.
+	// request: 0 polls adaptively (up to uring.DefaultPollWindow when the
+	// queue runs dry while the daemon's requests come in quick succession
+	// and the CPU is not contended), PollOff never polls, a positive value
+	// polls up to that long every time the CPU is not contended.
 	Poll time.Duration
 	// Interruptible lets a signal end I/O that the devices hold (a
 	// suspended device, a delay, multipath queueing without a path) with
@@ -406,7 +407,7 @@ var fuaCtx = stack.WithFUA(ioCtx)
 // ioContext returns the context of the device I/O of the request whose
 // go-fuse context is ctx: ioCtx, or fuaCtx for a write rawFS marked. On the
 // io_uring transport it is the ring entry's copy of one of them, which also
-// carries the request's stack.Waiter (the io_uring transport marks durable
+// carries the request's hints.Waiter (the io_uring transport marks durable
 // writes itself) and, with Options.Interruptible, ends when the request is
 // interrupted. On /dev/fuse with Options.Interruptible it is go-fuse's
 // context, which ends when the request is interrupted, except for writes

@@ -81,6 +81,15 @@ func (s *Server) Unmount() error {
 	return nil
 }
 
+// Procs returns how many Ps the transport wants on top of one per CPU (see
+// uring.Server.Procs); /dev/fuse wants none.
+func (s *Server) Procs() int {
+	if s.ring == nil {
+		return 0
+	}
+	return s.ring.Procs()
+}
+
 // Wait returns when the file system is unmounted and every transport has
 // stopped.
 func (s *Server) Wait() {

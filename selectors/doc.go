@@ -9,7 +9,7 @@
 // # Use
 //
 //	typ, _ := selectors.Lookup("historical-service-time")
-//	sel, err := typ.New(groupArgs, selectors.SystemClock) // errors are *ArgError (EINVAL)
+//	sel, err := typ.New(groupArgs, nil) // nil: the system clock; errors are *ArgError (EINVAL)
 //	err = sel.AddPath(p, perPathArgs)
 //	p := sel.SelectPath(nbytes)                           // nil: no usable path
 //	if tr, ok := sel.(selectors.IOTracker); ok {
@@ -55,8 +55,8 @@
 //
 // # The clock, and why HST needs nanoseconds
 //
-// Time is an injected Clock of monotonic nanoseconds. SystemClock has the
-// origin of the kernel's ktime_get_ns() (CLOCK_MONOTONIC); ManualClock is for
+// Time is an injected clock.Clock of monotonic nanoseconds. clock.System has the
+// origin of the kernel's ktime_get_ns() (CLOCK_MONOTONIC); clock.Manual is for
 // tests and simulations. dmfuse's multipath is bio-based, and bio-mode
 // dm-mpath before 5.19 gave HST a start stamp of jiffies_to_nsecs(jiffies):
 // one-jiffy resolution and, worse, another clock domain
@@ -72,7 +72,7 @@
 // deterministic discrete-event simulation: 10 paths, each serving one I/O at
 // a time FIFO in cost x 100 us, costs 1,1,1,4,8,8,16,16,1,1 (sdd..sdm), a
 // closed workload of depth 64, 500,000 completions counted after 50,000,
-// time from a ManualClock. Best is (1/c_i) / sum_j (1/c_j). Legs: RR, QL, ST
+// time from a clock.Manual. Best is (1/c_i) / sum_j (1/c_j). Legs: RR, QL, ST
 // (rt 1), "ST rt" (relative_throughput 16:4:2:1, the paths' real ratio), HST
 // with the nanosecond clock, "HST 1ms" (the selector's clock and the stamps
 // all truncated to 1 ms) and "HST jif" (nanosecond clock, pre-5.19 jiffies

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // refParseUint is an independent statement of sscanf("%u%c") == 1 into an
@@ -45,7 +47,7 @@ func FuzzHSTArgs(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in string) {
 		args := splitArgs(in)
-		s, err := newHST(args, &ManualClock{})
+		s, err := newHST(args, &clock.Manual{})
 		if err != nil {
 			var ae *ArgError
 			if !errors.As(err, &ae) || ae.Kernel != KernelCtrFailed || ae.Selector != "historical-service-time" {
@@ -92,7 +94,7 @@ func FuzzPathArgs(f *testing.F) {
 		name := names[int(which)%len(names)]
 		args := splitArgs(in)
 		typ, _ := Lookup(name)
-		s, err := typ.New(nil, &ManualClock{})
+		s, err := typ.New(nil, &clock.Manual{})
 		if err != nil {
 			t.Fatal(err)
 		}

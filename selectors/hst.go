@@ -5,7 +5,8 @@ import (
 	"strconv"
 	"sync/atomic"
 
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
 // historical-service-time (dm-ps-historical-service-time.c, version 0.1.1).
@@ -43,13 +44,13 @@ func init() {
 
 type hstSelector struct {
 	pathList
-	clock      Clock
+	clock      clock.Clock
 	validCount atomic.Int32 // s->valid_count, read without the list lock in end_io
 	weights    [hstWeightCount]uint32
 	threshold  uint32
 }
 
-func newHST(args []string, c Clock) (Selector, error) {
+func newHST(args []string, c clock.Clock) (Selector, error) {
 	const name = "historical-service-time"
 	if len(args) > 2 {
 		return nil, &ArgError{Selector: name, Reason: fmt.Sprintf("%d args, at most 2 allowed ([base_weight [threshold_multiplier]])", len(args)),
@@ -77,7 +78,7 @@ func newHST(args []string, c Clock) (Selector, error) {
 		threshold = v
 	}
 	if c == nil {
-		c = SystemClock
+		c = clock.System
 	}
 	s := &hstSelector{clock: c, threshold: threshold}
 	s.init()

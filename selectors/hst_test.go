@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 func TestHSTWeights(t *testing.T) {
@@ -68,7 +70,7 @@ func hstInfo(t *testing.T, s Selector, p *Path) (hst, out, stale uint64) {
 }
 
 func TestHSTWorkedExample(t *testing.T) {
-	clk := &ManualClock{}
+	clk := &clock.Manual{}
 	_, s := newSel(t, "historical-service-time", nil, clk)
 	tr := s.(IOTracker)
 	ps := addPaths(t, s, []string{"A", "B"}, []string{"1"}, []string{"1"})
@@ -104,7 +106,7 @@ func TestHSTWorkedExample(t *testing.T) {
 }
 
 func TestHSTServiceTime(t *testing.T) {
-	clk := &ManualClock{}
+	clk := &clock.Manual{}
 	_, s := newSel(t, "historical-service-time", []string{"0"}, clk) // base 0: hst = the last sample
 	tr := s.(IOTracker)
 	ps := addPaths(t, s, []string{"A", "B", "C"})
@@ -207,7 +209,7 @@ func sign(v int64) int64 {
 }
 
 func TestHSTSelect(t *testing.T) {
-	clk := &ManualClock{}
+	clk := &clock.Manual{}
 	clk.Set(int64(time.Second))
 	_, s := newSel(t, "historical-service-time", nil, clk)
 	tr := s.(IOTracker)

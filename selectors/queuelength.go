@@ -1,6 +1,10 @@
 package selectors
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
+)
 
 // queue-length (dm-ps-queue-length.c, version 0.2.0).
 //
@@ -13,7 +17,7 @@ import "strconv"
 func init() {
 	register(&Type{
 		Name: "queue-length", Version: [3]int{0, 2, 0}, TableArgs: 1, InfoArgs: 1,
-		New: func(args []string, c Clock) (Selector, error) {
+		New: func(args []string, c clock.Clock) (Selector, error) {
 			s := &queueLength{}
 			s.init()
 			return s, nil

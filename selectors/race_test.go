@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // TestConcurrent hammers every selector from many goroutines: select, start,
@@ -12,7 +14,7 @@ import (
 func TestConcurrent(t *testing.T) {
 	for _, typ := range Types() {
 		t.Run(typ.Name, func(t *testing.T) {
-			clk := &ManualClock{}
+			clk := &clock.Manual{}
 			clk.Set(1 << 40)
 			s, err := typ.New(nil, clk)
 			if err != nil {
@@ -101,7 +103,7 @@ func TestConcurrent(t *testing.T) {
 // TestNoAllocs: the hot path (select, start, end) allocates nothing.
 func TestNoAllocs(t *testing.T) {
 	for _, typ := range Types() {
-		clk := &ManualClock{}
+		clk := &clock.Manual{}
 		s, _ := typ.New(nil, clk)
 		for i := range 10 {
 			s.AddPath(&Path{Dev: i}, nil)
@@ -126,7 +128,7 @@ func TestNoAllocs(t *testing.T) {
 func BenchmarkSelectStartEnd(b *testing.B) {
 	for _, typ := range Types() {
 		b.Run(typ.Name, func(b *testing.B) {
-			s, _ := typ.New(nil, SystemClock)
+			s, _ := typ.New(nil, clock.System)
 			for i := range 10 {
 				s.AddPath(&Path{Dev: i}, nil)
 			}
@@ -136,7 +138,7 @@ func BenchmarkSelectStartEnd(b *testing.B) {
 				for pb.Next() {
 					p := s.SelectPath(4096)
 					if tr != nil {
-						st := SystemClock.Nanotime()
+						st := clock.System.Nanotime()
 						tr.StartIO(p, 4096)
 						tr.EndIO(p, 4096, st)
 					}

@@ -1,6 +1,10 @@
 package selectors
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
+)
 
 // round-robin (dm-ps-round-robin.c, version 1.2.0).
 //
@@ -12,7 +16,7 @@ import "strconv"
 func init() {
 	register(&Type{
 		Name: "round-robin", Version: [3]int{1, 2, 0}, TableArgs: 1, InfoArgs: 0,
-		New: func(args []string, c Clock) (Selector, error) {
+		New: func(args []string, c clock.Clock) (Selector, error) {
 			s := &roundRobin{}
 			s.init()
 			return s, nil

@@ -7,7 +7,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
 // StatusType selects which form of status a selector prints.
@@ -74,8 +75,8 @@ type Type struct {
 	// always stamps I/O with the Clock, so this is informational.
 	HRTimer bool
 	// New creates a selector from the group-level args. Errors are *ArgError
-	// and name the arg and the reason. c == nil means SystemClock.
-	New func(args []string, c Clock) (Selector, error)
+	// and name the arg and the reason. c == nil means clock.System.
+	New func(args []string, c clock.Clock) (Selector, error)
 }
 
 var types = map[string]*Type{}

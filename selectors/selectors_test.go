@@ -6,9 +6,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
-func newSel(t testing.TB, name string, args []string, c Clock) (*Type, Selector) {
+func newSel(t testing.TB, name string, args []string, c clock.Clock) (*Type, Selector) {
 	t.Helper()
 	typ, ok := Lookup(name)
 	if !ok {
@@ -138,7 +140,7 @@ func TestSpecVectors(t *testing.T) {
 			"historical-service-time 2 512 2 2 1 8:16 0 8:32 0 ",
 			"2 512 2 2 3 8:16 A 0 1024 0 0 8:32 A 0 1024 0 0 "},
 	} {
-		typ, s := newSel(t, tc.name, tc.group, &ManualClock{})
+		typ, s := newSel(t, tc.name, tc.group, &clock.Manual{})
 		ps := addPaths(t, s, tc.paths, tc.per...)
 		if got := groupTable(typ, s, ps); got != tc.table {
 			t.Errorf("%s table:\n got %q\nwant %q", tc.name, got, tc.table)
@@ -169,7 +171,7 @@ func TestPerPathStatus(t *testing.T) {
 		{"historical-service-time", nil, "0 ", "1024 0 0 "},
 		{"historical-service-time", []string{"77"}, "0 ", "1024 0 0 "},
 	} {
-		_, s := newSel(t, tc.name, nil, &ManualClock{})
+		_, s := newSel(t, tc.name, nil, &clock.Manual{})
 		p := &Path{Dev: "x"}
 		if err := s.AddPath(p, tc.args); err != nil {
 			t.Fatalf("%s AddPath(%q): %v", tc.name, tc.args, err)

@@ -3,7 +3,8 @@ package selectors
 import (
 	"strconv"
 
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
 // service-time (dm-ps-service-time.c, version 0.3.0).
@@ -28,7 +29,7 @@ const (
 func init() {
 	register(&Type{
 		Name: "service-time", Version: [3]int{0, 3, 0}, TableArgs: 2, InfoArgs: 2,
-		New: func(args []string, c Clock) (Selector, error) {
+		New: func(args []string, c clock.Clock) (Selector, error) {
 			s := &serviceTime{}
 			s.init()
 			return s, nil

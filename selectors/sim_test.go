@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // A deterministic discrete-event replay of the seed experiment (dm-devel, May
@@ -21,7 +23,7 @@ import (
 // Each path serves one I/O at a time, FIFO, in cost x 100 us. Depth I/Os are
 // always outstanding: every completion immediately submits the next I/O, which
 // the selector places (SelectPath, then StartIO), and the completion calls
-// EndIO with the start stamp taken at submission. Time is a ManualClock that
+// EndIO with the start stamp taken at submission. Time is a clock.Manual that
 // jumps from event to event (ties broken by submission order), so every run
 // gives the same numbers.
 
@@ -67,7 +69,7 @@ var simDefault = simConfig{depth: 64, hz: 1000, warm: 50_000, count: 500_000}
 
 // truncClock is c with resolution res ns.
 type truncClock struct {
-	c   Clock
+	c   clock.Clock
 	res int64
 }
 
@@ -142,10 +144,10 @@ func simulate(tb testing.TB, leg simLeg, cfg simConfig) simResult {
 	if cfg.uptime == 0 {
 		cfg.uptime = int64(time.Hour)
 	}
-	clk := &ManualClock{}
+	clk := &clock.Manual{}
 	clk.Set(cfg.uptime)
 	tick := int64(time.Second) / cfg.hz
-	var selClock Clock = clk
+	var selClock clock.Clock = clk
 	stamp := clk.Nanotime
 	switch leg.mode {
 	case stampTrunc:

@@ -3,7 +3,7 @@ package stack
 import (
 	"strings"
 
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
 // SplitArgs splits a target's parameter string into arguments as the kernel

@@ -3,13 +3,11 @@ package stack
 import (
 	"context"
 	"errors"
-	"io"
-	"log"
 	"strings"
 	"syscall"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // TestArgsNumberRules checks the argument readers against the kernel's rules:
@@ -79,7 +77,7 @@ func TestTargetNumberRules(t *testing.T) {
 	dev := NewMemDevice("8:16", 8192*SectorSize)
 	dev2 := NewMemDevice("8:32", 8192*SectorSize)
 	ctor := func(length int64) *Ctor {
-		return &Ctor{Len: length, Clock: &selectors.ManualClock{}, Context: context.Background(),
+		return &Ctor{Len: length, Clock: &clock.Manual{}, Context: context.Background(),
 			Open: func(arg string) (BlockDevice, error) {
 				for _, d := range []*MemDevice{dev, dev2} {
 					if d.Name() == arg {
@@ -113,15 +111,6 @@ func TestTargetNumberRules(t *testing.T) {
 		{Striped, "4294967298 8 8:16 0 8:32 0", ""},
 		{Dust, "8:16 0 +1024", "8:16 0 1024"},
 		{Dust, "8:16 0 4294968320", ""},
-		// The multipath counts are dm_read_arg.
-		{Multipath, "+0 0 0 0", ""},
-		{Multipath, "0 +0 0 0", ""},
-		{Multipath, "4294967296 0 0 0", "0 0 0 0 "},
-		{Multipath, "0 0 4294967297 1 round-robin 0 1 0 8:16", "0 0 1 1 round-robin 0 1 1 8:16 1 "},
-		{Multipath, "0 0 1 1 round-robin 0 +1 0 8:16", ""},
-		{Multipath, "0 0 1 1 round-robin 0 1 4294967296 8:16", "0 0 1 1 round-robin 0 1 1 8:16 1 "},
-		{Multipath, "0 0 1 1 round-robin 0 1 1 8:16 +1", ""},
-		{Multipath, "0 0 1 1 round-robin 0 1 1 8:16 4294967297", "0 0 1 1 round-robin 0 1 1 8:16 1 "},
 	} {
 		length := int64(2048)
 		tg, err := c.typ.New(ctor(length), SplitArgs(c.params))
@@ -146,11 +135,11 @@ func TestTargetNumberRules(t *testing.T) {
 }
 
 // TestMessageNumberRules checks the numbers in target messages: dust reads
-// block and count with sscanf ("%llu%c", "%u%c"), multipath its group
-// numbers with sscanf "%u%c".
+// block and count with sscanf ("%llu%c", "%u%c"). Multipath's are in its
+// own package.
 func TestMessageNumberRules(t *testing.T) {
 	dev := NewMemDevice("8:16", 8192*SectorSize)
-	c := &Ctor{Len: 2048, Clock: &selectors.ManualClock{}, Context: context.Background(),
+	c := &Ctor{Len: 2048, Clock: &clock.Manual{}, Context: context.Background(),
 		Open: func(string) (BlockDevice, error) { return dev, nil }}
 	tg, err := Dust.New(c, SplitArgs("8:16 0 512"))
 	if err != nil {
@@ -161,12 +150,6 @@ func TestMessageNumberRules(t *testing.T) {
 	if _, err := d.Message(context.Background(), []string{"quiet"}); err != nil {
 		t.Fatal(err)
 	}
-	mp, err := Multipath.New(c, SplitArgs("0 0 2 1 round-robin 0 1 0 8:16 round-robin 0 1 0 8:16"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mp.Close()
-	mp.(*multipath).logger = log.New(io.Discard, "", 0)
 	for _, m := range []struct {
 		tg  Messager
 		msg string
@@ -178,10 +161,6 @@ func TestMessageNumberRules(t *testing.T) {
 		{d, "addbadblock 18446744073709551621", true}, // block 5
 		{d, "queryblock 5", true},
 		{d, "addbadblock 6 4294967297", true}, // count 1
-		{mp.(Messager), "switch_group +1", false},
-		{mp.(Messager), "switch_group 1 ", false},
-		{mp.(Messager), "switch_group 4294967298", true},  // group 2
-		{mp.(Messager), "disable_group 4294967297", true}, // group 1
 	} {
 		args := SplitArgs(m.msg)
 		if strings.HasSuffix(m.msg, " ") || strings.HasSuffix(m.msg, "\n") {
@@ -197,9 +176,5 @@ func TestMessageNumberRules(t *testing.T) {
 	}
 	if got, _ := d.Message(context.Background(), []string{"listbadblocks"}); got != "5\n6\n" {
 		t.Errorf("bad blocks %q, want 5 and 6", got)
-	}
-	st := mp.Status(StatusInfo)
-	if !strings.Contains(st, " 2 2 D ") {
-		t.Errorf("status %q: want group 2 next and group 1 disabled", st)
 	}
 }

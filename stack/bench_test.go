@@ -130,7 +130,7 @@ func BenchmarkTableSplit(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(buf)))
 	for b.Loop() {
-		if _, err := t.rw(ctx, disk, ioRead, buf, 4096); err != nil {
+		if _, err := t.rw(ctx, disk, stats.Read, buf, 4096); err != nil {
 			b.Fatal(err)
 		}
 	}

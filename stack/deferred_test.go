@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,6 +20,8 @@ type fakeExporter struct {
 	mu    sync.Mutex
 	users map[string]int32
 	log   []string
+	// thawErr is what Thaw returns.
+	thawErr error
 }
 
 func (e *fakeExporter) DevNo(d *Device) (uint32, uint32, bool) { return 7, d.Minor() + 100, true }
@@ -51,10 +54,11 @@ func (e *fakeExporter) Freeze(d *Device) error {
 	return nil
 }
 
-func (e *fakeExporter) Thaw(d *Device) {
+func (e *fakeExporter) Thaw(d *Device) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.log = append(e.log, "thaw "+d.Name())
+	return e.thawErr
 }
 
 func (e *fakeExporter) events() []string {
@@ -302,5 +306,25 @@ func TestSuspendLockFS(t *testing.T) {
 		if got := e.events(); !reflect.DeepEqual(got, s.want) {
 			t.Errorf("step %d: exporter saw %v, want %v", i, got, s.want)
 		}
+	}
+}
+
+// TestResumeThawFails: a thaw that fails fails the resume, which resumed
+// the device all the same; the error names the device and keeps the errno.
+func TestResumeThawFails(t *testing.T) {
+	m, e := newExportManager(t)
+	mustCreate(t, m, "s", "0 8 zero")
+	if err := m.SuspendWith("s", SuspendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	e.thawErr = fmt.Errorf("thawing the file system frozen at /mnt: %w", syscall.EIO)
+	e.mu.Unlock()
+	err := m.ResumeWith("s", SuspendOptions{})
+	if !errors.Is(err, syscall.EIO) || err.Error() != "s: thawing the file system frozen at /mnt: input/output error" {
+		t.Errorf("resume with a failing thaw: %v", err)
+	}
+	if d := m.Lookup("s"); d.Suspended() {
+		t.Error("the device stayed suspended")
 	}
 }

@@ -168,6 +168,22 @@ func (d *Device) RaiseEvent() {
 	d.ev.wake()
 }
 
+// MappedDevice returns the mapped device bd is, when bd is one: a *Device,
+// or what Ctor.Open returned for a device argument naming another mapped
+// device of the same Manager. A target finds the live target of a device
+// it stacks on this way (a thin table its pool: MappedDevice(dev), then
+// Live().TargetAt(0)); it must not keep that target past its own Close,
+// and must expect a different one after the device below is reloaded.
+func MappedDevice(bd BlockDevice) (*Device, bool) {
+	switch x := bd.(type) {
+	case *Device:
+		return x, true
+	case interface{ mapped() *Device }:
+		return x.mapped(), true
+	}
+	return nil, false
+}
+
 // Suspended reports whether the device is suspended.
 func (d *Device) Suspended() bool {
 	d.mu.Lock()
@@ -212,7 +228,7 @@ func (d *Device) readOnce(ctx context.Context, p []byte, off int64) (int, error)
 	if rem := t.size - off; int64(len(p)) > rem {
 		p = p[:rem]
 	}
-	return t.rw(ctx, d.disk, ioRead, p, off)
+	return t.rw(ctx, d.disk, stats.Read, p, off)
 }
 
 // writeOnce is one pass of WriteAt through the gate and the live table.
@@ -237,7 +253,7 @@ func (d *Device) writeOnce(ctx context.Context, p []byte, off int64) (int, error
 	if rem := t.size - off; int64(len(p)) > rem {
 		p = p[:rem]
 	}
-	return t.rw(ctx, d.disk, ioWrite, p, off)
+	return t.rw(ctx, d.disk, stats.Write, p, off)
 }
 
 // Flush sends an empty flush to every target (and so to every underlying
@@ -262,15 +278,15 @@ func (d *Device) flushOnce(ctx context.Context) error {
 
 // Discard discards [off, off+n), clipped to the device.
 func (d *Device) Discard(ctx context.Context, off, n int64) error {
-	return d.span(ctx, ioDiscard, off, n)
+	return d.span(ctx, stats.Discard, off, n)
 }
 
 // WriteZeroes zeroes [off, off+n), clipped to the device.
 func (d *Device) WriteZeroes(ctx context.Context, off, n int64) error {
-	return d.span(ctx, ioZeroes, off, n)
+	return d.span(ctx, stats.Zeroes, off, n)
 }
 
-func (d *Device) span(ctx context.Context, k ioKind, off, n int64) error {
+func (d *Device) span(ctx context.Context, k Op, off, n int64) error {
 	for {
 		err := d.spanOnce(ctx, k, off, n)
 		if again, err := d.pushedBack(err); !again {
@@ -281,7 +297,7 @@ func (d *Device) span(ctx context.Context, k ioKind, off, n int64) error {
 
 // spanOnce is one pass of span. A discard or write-zeroes that is pushed
 // back is issued again whole: both are idempotent.
-func (d *Device) spanOnce(ctx context.Context, k ioKind, off, n int64) error {
+func (d *Device) spanOnce(ctx context.Context, k Op, off, n int64) error {
 	t, g, err := d.enter(ctx)
 	if err != nil {
 		return err

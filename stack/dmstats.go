@@ -1,6 +1,10 @@
 package stack
 
-import "github.com/dmfuse/dmfuse/stats"
+import (
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/dmfuse/dmfuse/stats"
+)
 
 // EnableDMStats makes m answer the device-mapper core's dm-stats messages
 // (`@stats_create`, `@stats_delete`, `@stats_clear`, `@stats_list`,
@@ -11,12 +15,12 @@ import "github.com/dmfuse/dmfuse/stats"
 // device: a removed device takes its regions with it, and a new device of the
 // same name starts with none.
 //
-// The histograms of the regions of devices with a live table are also
-// written by metrics.WritePrometheus (so on the daemon's /metrics, see
-// stats.WriteRegionHistograms) until the manager's context ends.
-func EnableDMStats(m *Manager) {
+// It returns the metric set of the histograms of the regions of devices with
+// a live table (stats.RegionHistograms), which the daemon registers
+// (metrics.RegisterSet) to serve them on its /metrics.
+func EnableDMStats(m *Manager) *metrics.Set {
 	m.CoreMessage = DMStatsMessage
-	unregister := stats.RegisterRegionHistograms(func() []stats.Named {
+	return stats.RegionHistograms(func() []stats.Named {
 		var out []stats.Named
 		for _, d := range m.Devices() {
 			if d.Live() != nil {
@@ -25,10 +29,6 @@ func EnableDMStats(m *Manager) {
 		}
 		return out
 	})
-	go func() {
-		<-m.ctx.Done()
-		unregister()
-	}()
 }
 
 // DMStatsMessage handles one dm-stats core message for d (the words start

@@ -1,9 +1,13 @@
 // Package stack is dmfuse's device-mapper core: target types and their
 // registry, table text and the tables built from it, mapped devices (Device)
 // with their life cycle, suspend gate and accounting, and the Manager that
-// owns the devices of one daemon. It also holds the targets linear, striped,
-// zero, error, flakey, dust and multipath; delay lives in package delay, the
-// path selectors in package selectors, the counters in package stats.
+// owns the devices of one daemon. It also holds the small kernel targets
+// linear, striped, zero, error, flakey and dust. The targets that bring
+// machinery of their own live in packages of their own, written against this
+// package's public target API: delay (and its scheduler), multipath (with the
+// path selectors of package selectors), log-writes (package logwrites, with
+// its log format and replay-log) and powercut. Package internal/targets lists
+// every target type; the counters are package stats'.
 //
 // # Request flow
 //
@@ -276,43 +280,6 @@
 // for them. The counters, io_ticks (block/blk-core.c: update_io_ticks) and
 // the output formats are package stats'.
 //
-// # Multipath
-//
-// Multipath follows bio-mode dm-mpath (drivers/md/dm-mpath.c) whatever
-// queue_mode says: the table prints what the kernel prints for the mode given,
-// but every I/O is handled as bio mode handles it.
-//
-//   - Each I/O asks the current group's selector for a path (choose_pgpath);
-//     the device stays in that group while it has a usable path, and
-//     otherwise takes the group switch_group asked for, then the first group
-//     with a usable path, bypassed (disable_group) groups last.
-//   - An I/O error from a path that is a path error (blk_path_error: not
-//     EOPNOTSUPP, ENOSPC, EREMOTEIO, EBADE, ENODATA or EILSEQ) fails the path
-//     (F, its fail count goes up, a table event) and the I/O is retried on
-//     another path; other errors are returned as they are.
-//   - With no usable path, I/O waits inside the target while queue_if_no_path
-//     is set, and is retried when a path is reinstated (fail_if_no_path fails
-//     it with EIO instead); without queue_if_no_path it fails with EIO and is
-//     not counted.
-//   - A flush, discard or write-zeroes goes to one path, chosen like any I/O,
-//     as in dm: all paths lead to the same storage.
-//   - Presuspend turns queue_if_no_path off until Resume (so table does not
-//     show it while suspended), releasing held I/O: a flush suspend fails it
-//     with EIO; a noflush suspend pushes it back (ErrPushBack), and the
-//     device issues it again after resume, so nothing is lost.
-//   - A hardware handler needs a SCSI path, and no dmfuse path is one: as
-//     drivers/md/dm-mpath.c: parse_path does for a path that is not SCSI, the
-//     first path drops the handler with a logged "hardware handlers are only
-//     allowed for scsi devices", so table prints 0 for it and no pg_init ever
-//     runs (pg_init_count stays 0). In bio mode the handler is ignored when
-//     the table is read (parse_hw_handler).
-//   - Messages fail with EBUSY while the device is suspended. fail_path and
-//     reinstate_path take the device in any form that resolves to the path's
-//     device (name, 253:N, path, MAJOR:MINOR; a relative path is taken from the
-//     daemon's working directory) or in the escaped form table prints.
-//   - historical-service-time gets a nanosecond start stamp taken at map time
-//     from the selector's own clock (package selectors says why).
-//
 // # dm-stats
 //
 // EnableDMStats makes every device answer dm-stats' core messages
@@ -357,21 +324,25 @@
 //
 // # Adding a target type
 //
-//  1. One file, stack/NAME.go (or a package of its own, as delay, when the
-//     target brings machinery of its own): an exported *TargetType value with
+//  1. One file, stack/NAME.go, for a small kernel target, or a package of
+//     its own, as delay, multipath, logwrites and powercut, when the target
+//     brings machinery of its own; such a package uses only this package's
+//     exported API. Either way: an exported *TargetType value with
 //     the kernel target's name and version and its constructor; the table
 //     syntax in the doc comment above the constructor, as newLinear and
 //     newFlakey show it; errors in dm's words (Errorf, ArgError); device
 //     arguments only through Ctor.Open (OpenArea, OpenRemap); a StatusTable
 //     form the constructor reads back; and a compile-time assertion for each
 //     optional interface it implements, as linear.go has them.
-//  2. A line in the registry of cmd/dmfuse (registry in mount.go) and in
-//     defaultRegistry of stack's conformance test.
+//  2. A line in the list of every target type, internal/targets (All):
+//     the dmfuse command registers that list, and the conformance suite
+//     walks it.
 //  3. An entry in stacktest.Cases: the parameters that make the type usable
 //     over memory devices, what it does with data, and the checks that do not
 //     apply, with the reason. stacktest.RunRegistry fails for a registered
 //     type without one, and the type must pass every check that applies.
-//  4. Unit tests for its logic, its table and status lines in
-//     testdata/tables.in (golden), and a fuzz target for its constructor and
-//     its messages.
+//  4. Unit tests for its logic (stacktest.FaultDevice fails, holds and
+//     counts the I/O that reaches its devices), its table and status lines in
+//     testdata/tables.in (golden; stacktest.CheckTables for a package of its
+//     own), and a fuzz target for its constructor and its messages.
 package stack

@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -19,7 +19,7 @@ import (
 // logs.
 func newTestDust(t testing.TB, dev *MemDevice, length int64, params string, logs *bytes.Buffer) *dust {
 	t.Helper()
-	tg, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, length, dev), SplitArgs(params))
+	tg, err := Dust.New(newFaultCtor(&clock.Manual{}, length, dev), SplitArgs(params))
 	if err != nil {
 		t.Fatalf("dust %q: %v", params, err)
 	}
@@ -126,7 +126,7 @@ func TestDustRejected(t *testing.T) {
 		{2048, "8:99 0 512", "Device lookup failed"},
 	}
 	for _, tc := range tests {
-		_, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, tc.length, dev), SplitArgs(tc.in))
+		_, err := Dust.New(newFaultCtor(&clock.Manual{}, tc.length, dev), SplitArgs(tc.in))
 		var ae *ArgError
 		if !errors.As(err, &ae) || ae.Reason != tc.reason || !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("dust %q (len %d): %v, want EINVAL %q", tc.in, tc.length, err, tc.reason)
@@ -134,7 +134,7 @@ func TestDustRejected(t *testing.T) {
 	}
 	// 1 GiB blocks are allowed on a long enough segment (over a device that
 	// reports size 0, which is not range-checked).
-	if _, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, 1<<30, NewMemDevice("8:16", 0)), SplitArgs("8:16 0 1073741824")); err != nil {
+	if _, err := Dust.New(newFaultCtor(&clock.Manual{}, 1<<30, NewMemDevice("8:16", 0)), SplitArgs("8:16 0 1073741824")); err != nil {
 		t.Errorf("1 GiB blocks: %v", err)
 	}
 }
@@ -429,7 +429,7 @@ func TestDustEmptyFlush(t *testing.T) {
 		{"8:16 4096 512", "4096", false},
 		{"8:16 0 512", "0", false},
 	} {
-		c := newFaultCtor(&selectors.ManualClock{}, 2048, dev)
+		c := newFaultCtor(&clock.Manual{}, 2048, dev)
 		c.Begin = 2048
 		tg, err := Dust.New(c, SplitArgs(tc.params))
 		if err != nil {
@@ -550,7 +550,7 @@ func FuzzDustMessage(f *testing.F) {
 	f.Add("addbadblock 3", "8:16 16 4096")
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	f.Fuzz(func(t *testing.T, msgs, params string) {
-		tg, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(params))
+		tg, err := Dust.New(newFaultCtor(&clock.Manual{}, 2048, dev), SplitArgs(params))
 		if err != nil {
 			var ae *ArgError
 			if !errors.As(err, &ae) || ae.Reason == "" || !errors.Is(err, syscall.EINVAL) {
@@ -561,7 +561,7 @@ func FuzzDustMessage(f *testing.F) {
 		d := tg.(*dust)
 		d.logger = log.New(&bytes.Buffer{}, "", 0)
 		table := d.Status(StatusTable)
-		tg2, err := Dust.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(table))
+		tg2, err := Dust.New(newFaultCtor(&clock.Manual{}, 2048, dev), SplitArgs(table))
 		if err != nil || tg2.Status(StatusTable) != table {
 			t.Fatalf("%q: table %q does not round-trip: %v", params, table, err)
 		}

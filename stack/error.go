@@ -1,6 +1,11 @@
 package stack
 
-import "context"
+import (
+	"context"
+	"syscall"
+
+	"github.com/dmfuse/dmfuse/stats"
+)
 
 // Error fails every I/O with EIO. It is a wildcard type: it may replace an
 // immutable type (multipath) on reload.
@@ -42,20 +47,34 @@ func newError(c *Ctor, args []string) (Target, error) {
 func (errorTarget) AccountsAtMap() {}
 
 func (errorTarget) ReadAt(context.Context, []byte, int64) (int, error) {
-	return 0, errorErrs.of(OpRead)
+	return 0, errorErrs.of(stats.Read)
 }
 
 func (errorTarget) WriteAt(context.Context, []byte, int64) (int, error) {
-	return 0, errorErrs.of(OpWrite)
+	return 0, errorErrs.of(stats.Write)
 }
 
 // Discard fails with EIO rather than "not supported": io_err_ctr sets
 // num_discard_bios and discards_supported. The target takes no
 // write-zeroes, so ZERO_RANGE reaches it as writes, which fail too.
-func (errorTarget) Discard(context.Context, int64, int64) error { return errorErrs.of(OpDiscard) }
+func (errorTarget) Discard(context.Context, int64, int64) error { return errorErrs.of(stats.Discard) }
 
 // OwnsDiscards marks that discards fail here whatever the device takes.
 func (errorTarget) OwnsDiscards() {}
 
 func (errorTarget) Status(StatusType) string { return "" }
 func (errorTarget) Close() error             { return nil }
+
+// ErrPushBack is the error of an I/O that a target pushes back to the device
+// (dm's DM_MAPIO_REQUEUE and DM_ENDIO_REQUEUE): multipath returns it when it
+// finds no usable path while the device is being suspended with noflush and
+// queue_if_no_path is off (as presuspend turns it off). During a noflush
+// suspend the device holds such an I/O at its gate and issues it again
+// after resume; otherwise it fails with EIO, which ErrPushBack wraps (as the
+// kernel turns a push-back into EIO outside a noflush suspend).
+var ErrPushBack error = pushBackError{}
+
+type pushBackError struct{}
+
+func (pushBackError) Error() string { return "multipath: no usable path: I/O pushed back" }
+func (pushBackError) Unwrap() error { return syscall.EIO }

@@ -25,8 +25,9 @@ type Exporter interface {
 	// Freeze freezes the file system mounted on d's block device (or syncs
 	// the block device if none is mounted) before d suspends.
 	Freeze(d *Device) error
-	// Thaw thaws what Freeze froze, after d resumed.
-	Thaw(d *Device)
+	// Thaw thaws what Freeze froze, after d resumed, even if the file
+	// system was unmounted in between; its error fails the resume.
+	Thaw(d *Device) error
 }
 
 // SetExporter makes m consult e; call it before devices are used.

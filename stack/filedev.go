@@ -32,7 +32,10 @@ var (
 )
 
 // OpenFile opens a regular file or a block device as a BlockDevice. name is
-// how tables print it.
+// how tables print it. A block device is held exclusively (O_EXCL, one
+// claim per device and process, shared by every handle OpenFile returns
+// for it) until its last handle is closed; one someone else holds
+// exclusively, such as a mounted file system's, fails with EBUSY.
 func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 	flags := os.O_RDWR
 	if readOnly {
@@ -69,6 +72,11 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 			d.rdev = sys.Rdev
 			d.limits = blockLimits(unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)))
+		}
+		// Held exclusively while a table uses it, as dm holds it (claim.go).
+		if err := claimBlock(d.fd, d.rdev); err != nil {
+			f.Close()
+			return nil, &os.PathError{Op: "claim", Path: path, Err: err}
 		}
 	default:
 		f.Close()
@@ -197,4 +205,11 @@ func (d *fileDev) Limits() Limits { return d.limits }
 
 func (d *fileDev) Size() int64  { return d.size }
 func (d *fileDev) Name() string { return d.name }
-func (d *fileDev) Close() error { return d.f.Close() }
+
+// Close closes the file and, for a block device, drops its claim.
+func (d *fileDev) Close() error {
+	if d.block {
+		releaseBlock(d.rdev)
+	}
+	return d.f.Close()
+}

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dmfuse/dmfuse/selectors"
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -69,7 +69,7 @@ func faultPattern(d *MemDevice) {
 
 // faultAcctPiece returns an accounting piece of op, as the table hands targets.
 func faultAcctPiece(op stats.Op) *piece {
-	return newPiece(context.Background(), stats.NewDisk(&selectors.ManualClock{}), op)
+	return newPiece(context.Background(), stats.NewDisk(&clock.Manual{}), op)
 }
 
 // faultAcctStarted reports whether accounting of p has started.
@@ -104,7 +104,7 @@ func TestFlakeyTableVectors(t *testing.T) {
 			"8:16 0 4 2 11 corrupt_bio_byte 3 w 4 0 random_read_corrupt 6 random_write_corrupt 5 random_seed 1"},
 	}
 	for _, tc := range tests {
-		f := newTestFlakey(t, &selectors.ManualClock{}, dev, tc.in)
+		f := newTestFlakey(t, &clock.Manual{}, dev, tc.in)
 		if got := f.Status(StatusTable); got != tc.table {
 			t.Errorf("flakey %q: table %q, want %q", tc.in, got, tc.table)
 		}
@@ -112,7 +112,7 @@ func TestFlakeyTableVectors(t *testing.T) {
 			t.Errorf("flakey %q: status %q, want empty", tc.in, got)
 		}
 		// The table form is accepted back and is a fixed point.
-		g := newTestFlakey(t, &selectors.ManualClock{}, dev, f.Status(StatusTable))
+		g := newTestFlakey(t, &clock.Manual{}, dev, f.Status(StatusTable))
 		if got := g.Status(StatusTable); got != tc.table {
 			t.Errorf("flakey %q: table of the table %q, want %q", tc.in, got, tc.table)
 		}
@@ -174,7 +174,7 @@ func TestFlakeyRejected(t *testing.T) {
 		{"8:99 0 4 2", "Device lookup failed"},
 	}
 	for _, tc := range tests {
-		_, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(tc.in))
+		_, err := Flakey.New(newFaultCtor(&clock.Manual{}, 2048, dev), SplitArgs(tc.in))
 		var ae *ArgError
 		if !errors.As(err, &ae) {
 			t.Errorf("flakey %q: err %v, want *ArgError %q", tc.in, err, tc.reason)
@@ -190,7 +190,7 @@ func TestFlakeyRejected(t *testing.T) {
 }
 
 func TestFlakeyLookupErrorKeepsCause(t *testing.T) {
-	c := newFaultCtor(&selectors.ManualClock{}, 2048)
+	c := newFaultCtor(&clock.Manual{}, 2048)
 	c.Open = func(arg string) (BlockDevice, error) { return nil, fmt.Errorf("open %s: %w", arg, syscall.ENOENT) }
 	_, err := Flakey.New(c, SplitArgs("/nope 0 1 1"))
 	if err == nil || err.Error() != "Device lookup failed: open /nope: no such file or directory" {
@@ -217,7 +217,7 @@ func TestFlakeyTimeline(t *testing.T) {
 	// Up 4, down 2, no features: down while (now - start) % (up + down) >= up
 	// (drivers/md/dm-flakey.c: flakey_map); the cycle starts at construction,
 	// here 100 s into the clock.
-	clock := &selectors.ManualClock{}
+	clock := &clock.Manual{}
 	clock.Set(int64(100 * time.Second))
 	f := newTestFlakey(t, clock, NewMemDevice("8:16", 2048*SectorSize), "8:16 0 4 2")
 	steps := []struct {
@@ -255,7 +255,7 @@ func TestFlakeyTimeline(t *testing.T) {
 func TestFlakeyUpPassesAtOffset(t *testing.T) {
 	dev := NewMemDevice("8:16", 4096*SectorSize)
 	faultPattern(dev)
-	f := newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 8 1 1 1 error_writes")
+	f := newTestFlakey(t, &clock.Manual{}, dev, "8:16 8 1 1 1 error_writes")
 	got := make([]byte, 100)
 	if n, err := f.ReadAt(context.Background(), got, 10); n != 100 || err != nil {
 		t.Fatalf("read: %d, %v", n, err)
@@ -281,7 +281,7 @@ func TestFlakeyUpPassesAtOffset(t *testing.T) {
 
 // flakeyDown builds a flakey target that is always down.
 func flakeyDown(t *testing.T, dev *MemDevice, features string) *flakey {
-	return newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 0 0 1 "+features)
+	return newTestFlakey(t, &clock.Manual{}, dev, "8:16 0 0 1 "+features)
 }
 
 func TestFlakeyDropWrites(t *testing.T) {
@@ -359,7 +359,7 @@ func TestFlakeyCorruptBioByteRead(t *testing.T) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	faultPattern(dev)
 	before := bytes.Clone(dev.Bytes())
-	clock := &selectors.ManualClock{}
+	clock := &clock.Manual{}
 	f := newTestFlakey(t, clock, dev, "8:16 0 1 1 5 corrupt_bio_byte 32 r 1 0")
 	got := make([]byte, 512)
 
@@ -522,7 +522,7 @@ func TestFlakeyAccounting(t *testing.T) {
 	check("passed read", stats.Read, func(c context.Context) error { _, err := drop.ReadAt(c, buf, 0); return err }, true)
 	check("dropped write", stats.Write, func(c context.Context) error { _, err := drop.WriteAt(c, buf, 0); return err }, true)
 	check("dropped discard", stats.Discard, func(c context.Context) error { return drop.Discard(c, 0, 512) }, true)
-	up := newTestFlakey(t, &selectors.ManualClock{}, dev, "8:16 0 1 0")
+	up := newTestFlakey(t, &clock.Manual{}, dev, "8:16 0 1 0")
 	check("read while up", stats.Read, func(c context.Context) error { _, err := up.ReadAt(c, buf, 0); return err }, true)
 	check("write while up", stats.Write, func(c context.Context) error { _, err := up.WriteAt(c, buf, 0); return err }, true)
 }
@@ -570,7 +570,7 @@ func TestFlakeyWriteCorruptionAllocs(t *testing.T) {
 
 func BenchmarkFlakeyCorruptWrite(b *testing.B) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
-	f := newTestFlakey(b, &selectors.ManualClock{}, dev, "8:16 0 0 1 5 corrupt_bio_byte 1 w 7 0")
+	f := newTestFlakey(b, &clock.Manual{}, dev, "8:16 0 0 1 5 corrupt_bio_byte 1 w 7 0")
 	buf := make([]byte, 4096)
 	ctx := context.Background()
 	b.SetBytes(int64(len(buf)))
@@ -592,7 +592,7 @@ func FuzzFlakeyArgs(f *testing.F) {
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	f.Fuzz(func(t *testing.T, params string) {
 		args := SplitArgs(params)
-		tg, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), args)
+		tg, err := Flakey.New(newFaultCtor(&clock.Manual{}, 2048, dev), args)
 		if err != nil {
 			var ae *ArgError
 			if !errors.As(err, &ae) || ae.Reason == "" || !errors.Is(err, syscall.EINVAL) {
@@ -601,7 +601,7 @@ func FuzzFlakeyArgs(f *testing.F) {
 			return
 		}
 		table := tg.Status(StatusTable)
-		tg2, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs(table))
+		tg2, err := Flakey.New(newFaultCtor(&clock.Manual{}, 2048, dev), SplitArgs(table))
 		if err != nil {
 			t.Fatalf("%q: table form %q rejected: %v", params, table, err)
 		}
@@ -632,13 +632,13 @@ func TestFlakeyRangeCheck(t *testing.T) {
 		{2048, "8:16 16384 4 2", "8:16 too small for target: start=16384, len=2048, dev_size=16384"},
 		{16385, "8:16 0 4 2", "8:16 too small for target: start=0, len=16385, dev_size=16384"},
 	} {
-		_, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, tc.length, dev), SplitArgs(tc.in))
+		_, err := Flakey.New(newFaultCtor(&clock.Manual{}, tc.length, dev), SplitArgs(tc.in))
 		var ae *ArgError
 		if !errors.As(err, &ae) || ae.Reason != tc.reason || !errors.Is(err, syscall.EINVAL) {
 			t.Errorf("flakey %q (len %d): %v, want EINVAL %q", tc.in, tc.length, err, tc.reason)
 		}
 	}
-	if _, err := Flakey.New(newFaultCtor(&selectors.ManualClock{}, 2048, dev), SplitArgs("8:16 14336 4 2")); err != nil {
+	if _, err := Flakey.New(newFaultCtor(&clock.Manual{}, 2048, dev), SplitArgs("8:16 14336 4 2")); err != nil {
 		t.Errorf("flakey ending at the device's last sector: %v", err)
 	}
 }

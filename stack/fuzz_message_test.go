@@ -1,4 +1,4 @@
-package stack
+package stack_test
 
 import (
 	"context"
@@ -10,25 +10,28 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dmfuse/dmfuse/multipath"
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // fuzzMessageEnv creates, in a new manager with dm-stats enabled, a device
 // "dd" (dust, zero and linear segments) and a multipath device "mp" over two
 // linear paths, all over one backing file.
-func fuzzMessageEnv(t testing.TB, img string) *Manager {
-	reg, err := NewRegistry(Linear, Striped, Zero, Error, Flakey, Dust, Multipath)
+func fuzzMessageEnv(t testing.TB, img string) *stack.Manager {
+	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error, stack.Flakey, stack.Dust, multipath.Type)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(context.Background(), reg, nil)
-	EnableDMStats(m)
+	m := stack.NewManager(context.Background(), reg, nil)
+	stack.EnableDMStats(m)
 	for _, c := range []struct{ name, table string }{
 		{"dd", "0 32 dust " + img + " 0 512\n32 32 zero\n64 32 linear " + img + " 64\n96 32 flakey " + img + " 128 1 0"},
 		{"p1", "0 64 linear " + img + " 160"},
 		{"p2", "0 64 linear " + img + " 160"},
 		{"mp", "0 64 multipath 0 0 1 1 round-robin 0 2 1 p1 1 p2 1"},
 	} {
-		if _, err := m.Create(CreateOptions{Name: c.name, Minor: -1, Table: c.table}); err != nil {
+		if _, err := m.Create(stack.CreateOptions{Name: c.name, Minor: -1, Table: c.table}); err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
 	}
@@ -55,14 +58,14 @@ func FuzzManagerMessage(f *testing.F) {
 		f.Add(uint8(1), uint64(3), s)
 	}
 	img := filepath.Join(f.TempDir(), "img")
-	if err := os.WriteFile(img, make([]byte, 256*SectorSize), 0o600); err != nil {
+	if err := os.WriteFile(img, make([]byte, 256*stack.SectorSize), 0o600); err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, which uint8, sector uint64, text string) {
 		m := fuzzMessageEnv(t, img)
 		defer m.RemoveAll()
 		name := []string{"dd", "mp", "p1"}[int(which)%3]
-		args := SplitArgs(text)
+		args := stack.SplitArgs(text)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		out, err := m.Message(ctx, name, sector, args)
@@ -75,8 +78,8 @@ func FuzzManagerMessage(f *testing.F) {
 			}
 		}
 		for _, d := range m.Devices() {
-			tab := d.FormatTable(StatusTable, false)
-			_ = d.FormatTable(StatusInfo, false)
+			tab := d.FormatTable(stack.StatusTable, false)
+			_ = d.FormatTable(stack.StatusInfo, false)
 			tb, err := m.Build(d, tab, "")
 			if err != nil {
 				t.Fatalf("after %q to %s: the table of %s, %q, does not build: %v", text, name, d.Name(), tab, err)
@@ -91,7 +94,7 @@ func FuzzManagerMessage(f *testing.F) {
 
 // checkRegionRoundTrip lists region id of device name, creates a region from
 // that listing and checks that it lists the same.
-func checkRegionRoundTrip(t *testing.T, m *Manager, name, id string) {
+func checkRegionRoundTrip(t *testing.T, m *stack.Manager, name, id string) {
 	list := func() map[string]string {
 		out, err := m.Message(context.Background(), name, 0, []string{"@stats_list"})
 		if err != nil {

@@ -3,6 +3,8 @@ package stack
 import (
 	"errors"
 	"syscall"
+
+	"github.com/dmfuse/dmfuse/stats"
 )
 
 // ErrInjected is matched (errors.Is) by every I/O error that a fault target
@@ -11,27 +13,9 @@ import (
 // for the errno see what the kernel's targets return (BLK_STS_IOERR).
 var ErrInjected = errors.New("injected fault")
 
-// IOOp is the kind of I/O an injected error failed.
-type IOOp uint8
-
-// The kinds of I/O a fault target fails.
-const (
-	OpRead IOOp = iota
-	OpWrite
-	OpFlush
-	OpDiscard
-	numIOOps
-)
-
-var ioOpNames = [numIOOps]string{OpRead: "read", OpWrite: "write", OpFlush: "flush", OpDiscard: "discard"}
-
-// String returns "read", "write", "flush" or "discard".
-func (o IOOp) String() string {
-	if o < numIOOps {
-		return ioOpNames[o]
-	}
-	return "I/O"
-}
+// Op is the kind of an I/O (stats.Op): stats.Read, stats.Write,
+// stats.Flush, stats.Discard or stats.Zeroes.
+type Op = stats.Op
 
 // InjectedError is an I/O error made up by a fault target: it unwraps to
 // EIO and matches ErrInjected. Targets return preallocated values (see
@@ -40,7 +24,7 @@ type InjectedError struct {
 	// Target is the target type that failed the I/O.
 	Target string
 	// Op is the kind of I/O it failed.
-	Op IOOp
+	Op Op
 }
 
 // Error returns "<target>: injected <op> error: input/output error".
@@ -55,16 +39,16 @@ func (e *InjectedError) Unwrap() error { return syscall.EIO }
 func (e *InjectedError) Is(target error) bool { return target == ErrInjected }
 
 // injectedErrors holds one InjectedError per kind of I/O for a target type.
-type injectedErrors [numIOOps]InjectedError
+type injectedErrors [stats.NumOps]InjectedError
 
 // newInjectedErrors returns the errors of target type name.
 func newInjectedErrors(name string) *injectedErrors {
 	var e injectedErrors
 	for op := range e {
-		e[op] = InjectedError{Target: name, Op: IOOp(op)}
+		e[op] = InjectedError{Target: name, Op: Op(op)}
 	}
 	return &e
 }
 
 // of returns the error for op.
-func (e *injectedErrors) of(op IOOp) error { return &e[op] }
+func (e *injectedErrors) of(op Op) error { return &e[op] }

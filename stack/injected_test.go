@@ -5,6 +5,8 @@ import (
 	"errors"
 	"syscall"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/stats"
 )
 
 // TestInjectedErrors: what error, flakey and dust make up is EIO, as the
@@ -75,8 +77,8 @@ func TestInjectedErrorsAllocateNothing(t *testing.T) {
 	}
 }
 
-func TestIOOpString(t *testing.T) {
-	for op, want := range map[IOOp]string{OpRead: "read", OpWrite: "write", OpFlush: "flush", OpDiscard: "discard", numIOOps: "I/O"} {
+func TestOpString(t *testing.T) {
+	for op, want := range map[Op]string{stats.Read: "read", stats.Write: "write", stats.Flush: "flush", stats.Discard: "discard", stats.Zeroes: "zeroes", stats.NumOps: "I/O"} {
 		if got := op.String(); got != want {
 			t.Errorf("%d: %q, want %q", op, got, want)
 		}

@@ -8,23 +8,11 @@ import (
 	"github.com/dmfuse/dmfuse/stats"
 )
 
-// Request kinds the table maps.
-type ioKind uint8
-
-const (
-	ioRead ioKind = iota
-	ioWrite
-	ioDiscard
-	ioZeroes
-)
-
-var kindOp = [...]stats.Op{ioRead: stats.Read, ioWrite: stats.Write, ioDiscard: stats.Discard, ioZeroes: stats.Write}
-
 // rw maps [off, off+len(p)) through the table, splitting at segment
 // boundaries and at each target's MaxIO, and accounts each piece in disk. The
 // range must lie inside the table. It stops at the first failing piece and
 // returns its error; n counts the bytes of the pieces that succeeded before it.
-func (t *Table) rw(ctx context.Context, disk *stats.Disk, k ioKind, p []byte, off int64) (n int, err error) {
+func (t *Table) rw(ctx context.Context, disk *stats.Disk, k Op, p []byte, off int64) (n int, err error) {
 	for len(p) > 0 {
 		s := &t.segs[t.find(off)]
 		rel := off - s.start
@@ -44,14 +32,13 @@ func (t *Table) rw(ctx context.Context, disk *stats.Disk, k ioKind, p []byte, of
 			// Accounting starts before the target is called and always
 			// ends; nothing below looks for this piece, so it needs no
 			// pooled state, only its start time.
-			op := kindOp[k]
 			start := disk.Now()
-			rr := disk.StartAt(op, start, off, m)
+			rr := disk.StartAt(k, start, off, m)
 			got, err = s.targetRW(ctx, k, p[:m], rel)
 			if err == nil && int64(got) != m {
 				err = syscall.EIO
 			}
-			disk.DoneAt(op, uint64((m+SectorSize-1)/SectorSize), start, rr)
+			disk.DoneAt(k, uint64((m+SectorSize-1)/SectorSize), start, rr)
 		}
 		if err != nil {
 			return n, err
@@ -63,8 +50,8 @@ func (t *Table) rw(ctx context.Context, disk *stats.Disk, k ioKind, p []byte, of
 }
 
 // targetRW hands one piece to the segment's target.
-func (s *segment) targetRW(ctx context.Context, k ioKind, p []byte, off int64) (int, error) {
-	if k == ioRead {
+func (s *segment) targetRW(ctx context.Context, k Op, p []byte, off int64) (int, error) {
+	if k == stats.Read {
 		return s.target.ReadAt(ctx, p, off)
 	}
 	return s.target.WriteAt(ctx, p, off)
@@ -72,8 +59,8 @@ func (s *segment) targetRW(ctx context.Context, k ioKind, p []byte, off int64) (
 
 // mapRW hands one piece to a MapAccounter target, which decides when its
 // accounting starts (StartAccounting) or that it is killed at map time.
-func (s *segment) mapRW(ctx context.Context, disk *stats.Disk, k ioKind, p []byte, off int64) (int, error) {
-	pc := newPiece(ctx, disk, kindOp[k])
+func (s *segment) mapRW(ctx context.Context, disk *stats.Disk, k Op, p []byte, off int64) (int, error) {
+	pc := newPiece(ctx, disk, k)
 	pc.at = [2]int64{s.start + off, int64(len(p))}
 	got, err := s.targetRW(pc, k, p, off)
 	if err == nil && got != len(p) {
@@ -93,15 +80,15 @@ func (s *segment) mapRW(ctx context.Context, disk *stats.Disk, k ioKind, p []byt
 //     device answers with EOPNOTSUPP, becomes ordinary writes of zeros
 //     (block/blk-lib.c: blkdev_issue_zeroout without
 //     BLKDEV_ZERO_NOFALLBACK falls back to blkdev_issue_zero_pages).
-func (t *Table) span(ctx context.Context, disk *stats.Disk, k ioKind, off, length int64) error {
+func (t *Table) span(ctx context.Context, disk *stats.Disk, k Op, off, length int64) error {
 	switch {
-	case k == ioDiscard && !t.limits.Discard:
+	case k == stats.Discard && !t.limits.Discard:
 		return syscall.EOPNOTSUPP
-	case k == ioZeroes && !t.limits.WriteZeroes:
+	case k == stats.Zeroes && !t.limits.WriteZeroes:
 		return t.zeroOut(ctx, disk, off, length)
 	}
 	err := t.pieces(ctx, disk, k, off, length)
-	if k == ioZeroes && errors.Is(err, syscall.EOPNOTSUPP) {
+	if k == stats.Zeroes && errors.Is(err, syscall.EOPNOTSUPP) {
 		return t.zeroOut(ctx, disk, off, length)
 	}
 	return err
@@ -111,18 +98,18 @@ func (t *Table) span(ctx context.Context, disk *stats.Disk, k ioKind, off, lengt
 // segment: the core splits these at segment ends only (drivers/md/dm.c:
 // __process_abnormal_io and __send_changing_extent_only leave
 // ti->max_io_len out). It stops at the first failing piece.
-func (t *Table) pieces(ctx context.Context, disk *stats.Disk, k ioKind, off, length int64) error {
+func (t *Table) pieces(ctx context.Context, disk *stats.Disk, k Op, off, length int64) error {
 	for length > 0 {
 		s := &t.segs[t.find(off)]
 		m := min(length, s.end-off)
-		pc := newPiece(ctx, disk, kindOp[k])
+		pc := newPiece(ctx, disk, k)
 		pc.at = [2]int64{off, m}
 		if !s.atMap {
 			pc.startAcct()
 		}
 		// Limits guarantees the target takes the operation.
 		var err error
-		if k == ioDiscard {
+		if k == stats.Discard {
 			err = s.target.(Discarder).Discard(pc, off-s.start, m)
 		} else {
 			err = s.target.(ZeroWriter).WriteZeroes(pc, off-s.start, m)
@@ -153,7 +140,7 @@ func (t *Table) zeroOut(ctx context.Context, disk *stats.Disk, off, length int64
 	var first error
 	for length > 0 {
 		m := min(length, zeroChunk)
-		if _, err := t.rw(ctx, disk, ioWrite, zeroPage[:m], off); err != nil && first == nil {
+		if _, err := t.rw(ctx, disk, stats.Write, zeroPage[:m], off); err != nil && first == nil {
 			first = err
 		}
 		off, length = off+m, length-m

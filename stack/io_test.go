@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -28,19 +29,19 @@ func testDevice(t testing.TB, text string, devs map[string]*MemDevice, clock Clo
 // liveDevice builds a device named "test" whose live table is text, over the
 // devices in devs (a name missing from devs fails the lookup); a nil clock is
 // the system clock.
-func liveDevice(t testing.TB, text string, devs map[string]BlockDevice, clock Clock) *Device {
+func liveDevice(t testing.TB, text string, devs map[string]BlockDevice, clk Clock) *Device {
 	t.Helper()
-	if clock == nil {
-		clock = stats.SystemClock
+	if clk == nil {
+		clk = clock.System
 	}
-	d := newDevice("test", "", 0, 1, false, clock)
+	d := newDevice("test", "", 0, 1, false, clk)
 	d.gate.blocked.Store(true)
 	d.mu.suspended = true
 	lines, err := ParseTable(text)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tb, err := Build(lines, BuildOptions{Registry: testRegistry(t), Clock: clock, Context: context.Background(),
+	tb, err := Build(lines, BuildOptions{Registry: testRegistry(t), Clock: clk, Context: context.Background(),
 		Open: func(arg string) (BlockDevice, error) {
 			if m, ok := devs[arg]; ok {
 				return m, nil

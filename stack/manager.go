@@ -12,7 +12,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // Major is the major number dmfuse devices report, as device-mapper's.
@@ -40,6 +40,9 @@ type Manager struct {
 	reg   *Registry
 	clock Clock
 	ctx   context.Context
+
+	// shared holds what the targets share (Ctor.Shared); Close closes it.
+	shared SharedSet
 
 	// graph serialises building and installing tables, so that two
 	// concurrent loads cannot make devices stack on each other in a loop. It
@@ -83,11 +86,11 @@ type Manager struct {
 
 // NewManager returns a manager that builds tables with reg. ctx lives as long
 // as the daemon.
-func NewManager(ctx context.Context, reg *Registry, clock Clock) *Manager {
-	if clock == nil {
-		clock = stats.SystemClock
+func NewManager(ctx context.Context, reg *Registry, c Clock) *Manager {
+	if c == nil {
+		c = clock.System
 	}
-	return &Manager{reg: reg, clock: clock, ctx: ctx, byName: map[string]*Device{}, byMinor: map[uint32]*Device{}, nextIno: 100}
+	return &Manager{reg: reg, clock: c, ctx: ctx, byName: map[string]*Device{}, byMinor: map[uint32]*Device{}, nextIno: 100}
 }
 
 // Registry returns the manager's target types.
@@ -241,8 +244,8 @@ func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, e
 		open = func(arg string) (BlockDevice, error) { return m.open(d, arg, ro, dir) }
 	}
 	return Build(lines, BuildOptions{
-		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.Memory,
-		Device: d, Open: open,
+		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.Memory, Shared: &m.shared,
+		Open: open, Device: d,
 	})
 }
 
@@ -271,7 +274,7 @@ func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevi
 		}
 		bd, err := OpenFile(fmt.Sprintf("/dev/block/%d:%d", maj, min), arg, ro)
 		if err != nil {
-			return nil, Errorf("Device lookup failed: %s: %v", arg, unwrapPath(err))
+			return nil, lookupFailed(arg, err)
 		}
 		return bd, nil
 	}
@@ -297,7 +300,7 @@ func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevi
 	}
 	bd, err := OpenFile(p, p, ro)
 	if err != nil {
-		return nil, Errorf("Device lookup failed: %s: %v", arg, unwrapPath(err))
+		return nil, lookupFailed(arg, err)
 	}
 	return bd, nil
 }
@@ -514,7 +517,7 @@ func (m *Manager) removeWith(name string, o RemoveOptions) error {
 	if force {
 		if live := d.Live(); live != nil {
 			t, err := Build([]Line{{N: 1, Start: 0, Len: uint64(live.Sectors()), Type: Error.Name}},
-				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.Memory})
+				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.Memory, Shared: &m.shared})
 			if err == nil {
 				d.loadLocked(t)
 				swapped, err = d.resumeLocked()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/delay"
+	"github.com/dmfuse/dmfuse/multipath"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -94,7 +95,7 @@ func newModel(t *testing.T, seed uint64, dir string) *model {
 }
 
 func modelRegistry(t *testing.T) *stack.Registry {
-	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error, stack.Flakey, stack.Dust, stack.Multipath, delay.Type)
+	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error, stack.Flakey, stack.Dust, multipath.Type, delay.Type)
 	if err != nil {
 		t.Fatal(err)
 	}

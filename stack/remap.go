@@ -73,11 +73,11 @@ func OpenArea(c *Ctor, devArg, offArg, offErr string, sectors int64) (Remap, err
 // [off, off+sectors) lie inside it: dm_get_device, then the check that
 // drivers/md/dm-table.c: dm_calculate_queue_limits makes through each
 // target's iterate_devices with device_area_is_invalid. A failed lookup is
-// returned as lookupError says.
+// returned as LookupError says.
 func OpenRemap(c *Ctor, devArg string, off, sectors int64) (Remap, error) {
 	dev, err := c.Open(devArg)
 	if err != nil {
-		return Remap{}, lookupError(err)
+		return Remap{}, LookupError(err)
 	}
 	if err := CheckArea(dev, off, sectors); err != nil {
 		return Remap{}, err
@@ -85,13 +85,13 @@ func OpenRemap(c *Ctor, devArg string, off, sectors int64) (Remap, error) {
 	return Remap{Dev: dev, Off: off * SectorSize}, nil
 }
 
-// lookupError returns a failure of Ctor.Open as a constructor error. An
+// LookupError returns a failure of Ctor.Open as a constructor error. An
 // *ArgError (the manager's "Device lookup failed: <arg>: <cause>") is
 // returned unchanged; anything else becomes "Device lookup failed: <cause>"
 // with the errno the cause carries (ENODEV if none), since the kernel's
 // targets set ti->error to "Device lookup failed" and most return
 // dm_get_device's errno.
-func lookupError(err error) error {
+func LookupError(err error) error {
 	var ae *ArgError
 	if errors.As(err, &ae) {
 		return err

@@ -44,7 +44,8 @@ func (m *Manager) SuspendWith(name string, o SuspendOptions) error {
 // ResumeWith resumes the device called name (Resume). When it has to
 // suspend first to make an inactive table live, it does so with o's flags,
 // freezing the file system unless they say not to; once the device runs
-// again, a file system frozen by a suspend is thawed (dm's unlock_fs).
+// again, a file system frozen by a suspend is thawed (dm's unlock_fs), and a
+// thaw that fails fails the resume (the device runs all the same).
 func (m *Manager) ResumeWith(name string, o SuspendOptions) error {
 	d, err := m.acquire(name)
 	if err != nil {
@@ -66,7 +67,9 @@ func (m *Manager) ResumeWith(name string, o SuspendOptions) error {
 		m.changed(d)
 	}
 	if e := m.getExporter(); e != nil && running {
-		e.Thaw(d)
+		if terr := e.Thaw(d); terr != nil && err == nil {
+			err = terr
+		}
 	}
 	if err != nil {
 		return &DeviceError{Name: name, Err: err}

@@ -125,8 +125,11 @@ type BuildOptions struct {
 	Event func()
 	// Memory is passed to the constructors as Ctor.Memory.
 	Memory func(n int64)
-	// Device is passed to the constructors as Ctor.Device.
+	// Device is the mapped device the table is built for, passed to the
+	// constructors as Ctor.Device; nil outside a Manager.
 	Device *Device
+	// Shared is passed to the constructors as Ctor.Shared.
+	Shared *SharedSet
 }
 
 // Build checks lines as drivers/md/dm-table.c: dm_table_add_target and
@@ -176,7 +179,7 @@ func Build(lines []Line, o BuildOptions) (t *Table, err error) {
 		}
 		// The devices this line opens, like the kernel's iterate_devices.
 		var lineDevs []BlockDevice
-		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), Device: o.Device, ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event, Memory: o.Memory,
+		ctor := &Ctor{Begin: int64(l.Start), Len: int64(l.Len), ReadOnly: o.ReadOnly, Clock: o.Clock, Context: o.Context, Event: o.Event, Memory: o.Memory, Shared: o.Shared, Device: o.Device,
 			Open: func(arg string) (BlockDevice, error) {
 				d, err := o.Open(arg)
 				if err != nil {
@@ -225,7 +228,7 @@ func targetLimits(tg Target, devs []BlockDevice) (lim Limits) {
 	_, owner := tg.(DiscardOwner)
 	_, lim.WriteZeroes = tg.(ZeroWriter)
 	for _, d := range devs {
-		dl := limitsOf(d)
+		dl := LimitsOf(d)
 		lim.Discard = lim.Discard && (owner || dl.Discard)
 		lim.WriteZeroes = lim.WriteZeroes && dl.WriteZeroes
 	}

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // testDevs are in-memory devices named by MAJOR:MINOR (8:16, 8:32, 8:48), as
@@ -23,7 +23,7 @@ func testDevs() map[string]*MemDevice {
 }
 
 func testRegistry(t testing.TB) *Registry {
-	r, err := NewRegistry(Linear, Striped, Zero, Error, Flakey, Dust, LogWrites)
+	r, err := NewRegistry(Linear, Striped, Zero, Error, Flakey, Dust)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func buildText(t testing.TB, text string, devs map[string]*MemDevice) (*Table, e
 	if err != nil {
 		return nil, err
 	}
-	return Build(lines, BuildOptions{Registry: testRegistry(t), Clock: stats.SystemClock, Context: context.Background(),
+	return Build(lines, BuildOptions{Registry: testRegistry(t), Clock: clock.System, Context: context.Background(),
 		Open: func(arg string) (BlockDevice, error) {
 			if d, ok := devs[arg]; ok {
 				return d, nil

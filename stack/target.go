@@ -7,7 +7,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stack/clock"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // SectorSize is the size of a device-mapper sector in bytes. Every start, length
@@ -196,8 +196,10 @@ type Limiter interface {
 	Limits() Limits
 }
 
-// limitsOf returns the limits of dev.
-func limitsOf(dev BlockDevice) Limits {
+// LimitsOf returns the limits of dev: its Limits if it is a Limiter, else
+// both discards and write-zeroes, as for a device without the method. A
+// target that decides per device whether to pass a discard on reads it here.
+func LimitsOf(dev BlockDevice) Limits {
 	if l, ok := dev.(Limiter); ok {
 		return l.Limits()
 	}
@@ -208,11 +210,6 @@ func limitsOf(dev BlockDevice) Limits {
 type Ctor struct {
 	// Begin and Len are the segment's start and length in sectors.
 	Begin, Len int64
-	// Device is the mapped device the table is built for (dm's
-	// dm_table_get_md), nil for a table built outside a Manager. Targets
-	// that keep an object per device across reloads (thin-pool) key it by
-	// this.
-	Device *Device
 	// ReadOnly is set for tables of read-only devices.
 	ReadOnly bool
 	// Clock is the daemon's monotonic clock.
@@ -226,6 +223,13 @@ type Ctor struct {
 	Context context.Context
 	// Event raises a table event on the device (its event counter goes up).
 	Event func()
+	// Device is the mapped device the table is being built for: the
+	// identity a target needs when it must tell its own device from the
+	// devices it opens (a thin device and its pool). It is nil for a table
+	// built outside a Manager (Build without BuildOptions.Device). A
+	// constructor must not do I/O to it: it has no live table of this
+	// one's yet, and its control lock is held.
+	Device *Device
 	// Memory, when set, accounts n more bytes (negative: n fewer) that a
 	// target holds in the daemon's memory for as long as it lives, beyond
 	// what requests in flight hold: the daemon's memory plan makes room for
@@ -233,6 +237,9 @@ type Ctor struct {
 	// keeps data in memory calls it from its constructor, once it cannot
 	// fail, and gives the bytes back in Close.
 	Memory func(n int64)
+	// Shared holds the objects the targets of the Manager share (nil when
+	// the table is built without a Manager: nothing is shared).
+	Shared *SharedSet
 }
 
 // Clock returns monotonic nanoseconds (clock.Clock). Targets whose behaviour

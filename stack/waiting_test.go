@@ -4,7 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
-	"time"
+
+	"github.com/dmfuse/dmfuse/internal/hints"
 )
 
 // countWaiter counts Waiting calls and signals the first.
@@ -24,7 +25,7 @@ func (w *countWaiter) Waiting() {
 func TestWaitingAtTheGate(t *testing.T) {
 	d := testDevice(t, "0 8 zero", testDevs(), nil)
 	w := &countWaiter{first: make(chan struct{})}
-	ctx := WithWaiter(context.Background(), w)
+	ctx := hints.WithWaiter(context.Background(), w)
 	if _, err := d.ReadAt(ctx, make([]byte, 512), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -50,29 +51,4 @@ func TestWaitingAtTheGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	Waiting(context.Background()) // no Waiter: nothing happens
-}
-
-// expectWaiter records the Expecting calls of a request.
-type expectWaiter struct {
-	countWaiter
-	got []time.Duration
-}
-
-func (w *expectWaiter) Expecting(d time.Duration) { w.got = append(w.got, d) }
-
-// TestExpecting: the hint reaches a Waiter that is an Expecter, and is
-// dropped without one.
-func TestExpecting(t *testing.T) {
-	w := &expectWaiter{}
-	ctx := WithWaiter(context.Background(), w)
-	Expecting(WithFUA(ctx), 3*time.Millisecond)
-	if len(w.got) != 1 || w.got[0] != 3*time.Millisecond {
-		t.Errorf("Expecting calls %v, want [3ms]", w.got)
-	}
-	plain := &countWaiter{first: make(chan struct{})}
-	Expecting(WithWaiter(context.Background(), plain), time.Millisecond)
-	Expecting(context.Background(), time.Millisecond)
-	if plain.n.Load() != 0 {
-		t.Error("Expecting called Waiting")
-	}
 }

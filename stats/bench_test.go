@@ -3,13 +3,15 @@ package stats
 import (
 	"sync/atomic"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // sharedDisk is the baseline for the benchmarks: the same accounting with one
 // shared set of atomic counters, as the kernel's bio-based in-flight counters
 // were before they went per-CPU. Every I/O writes the same cache lines.
 type sharedDisk struct {
-	clock    Clock
+	clock    clock.Clock
 	stamp    atomic.Int64
 	ioTicks  atomic.Uint64
 	inflight [2]atomic.Int64
@@ -52,11 +54,11 @@ type accounter interface {
 
 // benchStartDone measures one I/O's accounting (clock read, Start, Done) with
 // b.RunParallel; run with -cpu 1,2,4,8 to see how it scales.
-func benchStartDone(b *testing.B, a accounter, clock Clock) {
+func benchStartDone(b *testing.B, a accounter, clk clock.Clock) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			t0 := clock.Nanotime()
+			t0 := clk.Nanotime()
 			a.Start(Read, t0)
 			a.Done(Read, 8, t0)
 		}
@@ -65,10 +67,10 @@ func benchStartDone(b *testing.B, a accounter, clock Clock) {
 
 func BenchmarkStartDone(b *testing.B) {
 	b.Run("sharded", func(b *testing.B) {
-		benchStartDone(b, NewDisk(SystemClock), SystemClock)
+		benchStartDone(b, NewDisk(clock.System), clock.System)
 	})
 	b.Run("shared", func(b *testing.B) {
-		benchStartDone(b, &sharedDisk{clock: SystemClock}, SystemClock)
+		benchStartDone(b, &sharedDisk{clock: clock.System}, clock.System)
 	})
 }
 
@@ -89,8 +91,8 @@ func BenchmarkStartDoneCounters(b *testing.B) {
 			}
 		})
 	}
-	c := new(fakeClock)
-	c.setMs(1)
+	c := new(clock.Manual)
+	c.Set(msNs(1))
 	b.Run("sharded", func(b *testing.B) { run(b, NewDisk(c)) })
 	b.Run("shared", func(b *testing.B) { run(b, &sharedDisk{clock: c}) })
 }
@@ -98,7 +100,7 @@ func BenchmarkStartDoneCounters(b *testing.B) {
 // BenchmarkSnapshot is the cost of one read of the counters (a stats file
 // read or a scrape), which sums every shard.
 func BenchmarkSnapshot(b *testing.B) {
-	d := NewDisk(SystemClock)
+	d := NewDisk(clock.System)
 	d.Start(Read, d.Now())
 	b.ReportAllocs()
 	var buf []byte

@@ -49,23 +49,41 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/dmfuse/dmfuse/stack/clock"
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
-// Op is the kind of one accounted I/O piece, as the bio-based device-mapper core sees it.
+// Op is the kind of one I/O: what a request asks of a device, a target or a
+// path, and what its accounting counts. It is the one operation enum of
+// dmfuse (stack.Op names it too).
 type Op uint8
 
 const (
-	// Read is a read piece: group READ, direction read.
+	// Read is a read: group READ, direction read.
 	Read Op = iota
-	// Write is a write piece (also write-zeroes): group WRITE, direction write.
+	// Write is a write: group WRITE, direction write.
 	Write
-	// Discard is a discard piece: group DISCARD, counted as a write in inflight.
-	Discard
 	// Flush is an empty flush (fsync): counted as a write of 0 sectors, as
 	// bio-based dm does; the kernel's flush fields (16 and 17) stay 0.
 	Flush
+	// Discard is a discard: group DISCARD, counted as a write in inflight.
+	Discard
+	// Zeroes is a write of zeroes (REQ_OP_WRITE_ZEROES): counted as a
+	// write.
+	Zeroes
+	// NumOps is the number of kinds, for tables indexed by Op.
+	NumOps
 )
+
+var opNames = [NumOps]string{Read: "read", Write: "write", Flush: "flush", Discard: "discard", Zeroes: "zeroes"}
+
+// String returns "read", "write", "flush", "discard" or "zeroes" ("I/O" for
+// a value out of range).
+func (op Op) String() string {
+	if op < NumOps {
+		return opNames[op]
+	}
+	return "I/O"
+}
 
 // Group is a statistics group of the kernel's disk_stats: the ios, sectors and
 // nsecs arrays are indexed by it.
@@ -109,17 +127,6 @@ func (op Op) dir() int {
 	}
 	return 1
 }
-
-// Clock returns monotonic nanoseconds (clock.Clock).
-type Clock = clock.Clock
-
-type monoClock struct{ base time.Time }
-
-func (c monoClock) Nanotime() int64 { return int64(time.Since(c.base)) }
-
-// SystemClock is the monotonic clock used outside tests. It counts from the
-// start of the process.
-var SystemClock Clock = monoClock{base: time.Now()}
 
 // TickNs is the io_ticks resolution in nanoseconds: 1 ms, as a kernel with HZ=1000.
 const TickNs = int64(time.Millisecond)
@@ -199,7 +206,7 @@ type shard struct {
 // Disk is the set of counters of one mapped device. Its methods may be called
 // concurrently.
 type Disk struct {
-	clock  Clock
+	clock  clock.Clock
 	shift  uint // 64 - log2(len(shards))
 	shards []shard
 	// regions are the dm-stats regions (nil while there are none): the
@@ -229,10 +236,10 @@ func shardCount() int {
 	return n
 }
 
-// NewDisk returns zeroed counters that take time from c (SystemClock if nil).
-func NewDisk(c Clock) *Disk {
+// NewDisk returns zeroed counters that take time from c (clock.System if nil).
+func NewDisk(c clock.Clock) *Disk {
 	if c == nil {
-		c = SystemClock
+		c = clock.System
 	}
 	n := shardCount()
 	return &Disk{clock: c, shift: uint(64 - bits.TrailingZeros(uint(n))), shards: make([]shard, n)}

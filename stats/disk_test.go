@@ -8,21 +8,14 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	goldenfile "github.com/dmfuse/dmfuse/test/golden"
 )
 
-// fakeClock is a Clock that tests move by hand.
-type fakeClock struct{ ns atomic.Int64 }
-
-func (c *fakeClock) Nanotime() int64     { return c.ns.Load() }
-func (c *fakeClock) setMs(ms int64)      { c.ns.Store(msNs(ms)) }
-func (c *fakeClock) set(d time.Duration) { c.ns.Store(int64(d)) }
-func (c *fakeClock) add(d time.Duration) { c.ns.Add(int64(d)) }
-
 func msNs(ms int64) int64 { return ms * int64(time.Millisecond) }
 
-func newFake() (*fakeClock, *Disk) {
-	c := new(fakeClock)
+func newFake() (*clock.Manual, *Disk) {
+	c := new(clock.Manual)
 	return c, NewDisk(c)
 }
 
@@ -33,10 +26,10 @@ func golden(t *testing.T, name string, got []byte) {
 }
 
 // doIO does one piece from startMs to endMs on the fake clock.
-func doIO(c *fakeClock, d *Disk, op Op, sectors uint64, startMs, endMs int64) {
-	c.setMs(startMs)
+func doIO(c *clock.Manual, d *Disk, op Op, sectors uint64, startMs, endMs int64) {
+	c.Set(msNs(startMs))
 	d.Start(op, msNs(startMs))
-	c.setMs(endMs)
+	c.Set(msNs(endMs))
 	d.Done(op, sectors, msNs(startMs))
 }
 
@@ -61,13 +54,13 @@ func TestWorkedExample(t *testing.T) {
 	checkFiles(t, "A", d)
 
 	// B: four reads issued together at 200, read at 205, completed at 210.
-	c.setMs(200)
+	c.Set(msNs(200))
 	for range 4 {
 		d.Start(Read, msNs(200))
 	}
-	c.setMs(205)
+	c.Set(msNs(205))
 	checkFiles(t, "B205", d)
-	c.setMs(210)
+	c.Set(msNs(210))
 	for range 4 {
 		d.Done(Read, 8, msNs(200))
 	}
@@ -85,11 +78,11 @@ func TestWorkedExampleNoReader(t *testing.T) {
 	for _, t0 := range []int64{100, 105, 110, 115} {
 		doIO(c, d, Read, 8, t0, t0+3)
 	}
-	c.setMs(200)
+	c.Set(msNs(200))
 	for range 4 {
 		d.Start(Read, msNs(200))
 	}
-	c.setMs(210)
+	c.Set(msNs(210))
 	for range 4 {
 		d.Done(Read, 8, msNs(200))
 	}
@@ -101,10 +94,10 @@ func TestWorkedExampleNoReader(t *testing.T) {
 // time_in_queue until it completes.
 func TestHungIOBusyThroughReaders(t *testing.T) {
 	c, d := newFake()
-	c.setMs(1000)
+	c.Set(msNs(1000))
 	d.Start(Write, msNs(1000))
 	for _, at := range []int64{1500, 2000, 4000} {
-		c.setMs(at)
+		c.Set(msNs(at))
 		s := d.Snapshot()
 		f := s.Fields()
 		if f[9] != uint64(at-1000) {
@@ -114,7 +107,7 @@ func TestHungIOBusyThroughReaders(t *testing.T) {
 			t.Errorf("t=%d: in flight %d, time_in_queue %d, writes %d; want 1, 0, 0", at, f[8], f[10], f[4])
 		}
 	}
-	c.setMs(5000)
+	c.Set(msNs(5000))
 	d.Done(Write, 8, msNs(1000))
 	s := d.Snapshot()
 	f := s.Fields()
@@ -122,7 +115,7 @@ func TestHungIOBusyThroughReaders(t *testing.T) {
 		t.Errorf("after completion: %v", f)
 	}
 	// Idle time afterwards adds nothing, even when read.
-	c.setMs(9000)
+	c.Set(msNs(9000))
 	if s := d.Snapshot(); s.IOTicks != 4000 {
 		t.Errorf("idle: io_ticks %d, want 4000", s.IOTicks)
 	}
@@ -133,13 +126,13 @@ func TestHungIOBusyThroughReaders(t *testing.T) {
 func TestIOTicksOverlapAndGaps(t *testing.T) {
 	c, d := newFake()
 	// Two overlapping reads: 10..20 and 15..30, then a gap, then 50..51.
-	c.setMs(10)
+	c.Set(msNs(10))
 	d.Start(Read, msNs(10))
-	c.setMs(15)
+	c.Set(msNs(15))
 	d.Start(Read, msNs(15))
-	c.setMs(20)
+	c.Set(msNs(20))
 	d.Done(Read, 8, msNs(10))
-	c.setMs(30)
+	c.Set(msNs(30))
 	d.Done(Read, 8, msNs(15))
 	doIO(c, d, Read, 8, 50, 51)
 	s := d.Snapshot()
@@ -152,18 +145,18 @@ func TestIOTicksOverlapAndGaps(t *testing.T) {
 	// A sub-tick I/O that starts and ends within one tick on an idle device
 	// adds nothing (its start moves the stamp to that tick); one that crosses a
 	// tick boundary adds the tick.
-	c.set(100*time.Millisecond + 100*time.Microsecond)
+	c.Set(int64(100*time.Millisecond + 100*time.Microsecond))
 	t0 := c.Nanotime()
 	d.Start(Read, t0)
-	c.set(100*time.Millisecond + 300*time.Microsecond)
+	c.Set(int64(100*time.Millisecond + 300*time.Microsecond))
 	d.Done(Read, 1, t0)
 	if s = d.Snapshot(); s.IOTicks != 21 {
 		t.Errorf("io_ticks %d, want 21", s.IOTicks)
 	}
-	c.set(101*time.Millisecond + 900*time.Microsecond)
+	c.Set(int64(101*time.Millisecond + 900*time.Microsecond))
 	t0 = c.Nanotime()
 	d.Start(Read, t0)
-	c.set(102*time.Millisecond + 100*time.Microsecond)
+	c.Set(int64(102*time.Millisecond + 100*time.Microsecond))
 	d.Done(Read, 1, t0)
 	if s = d.Snapshot(); s.IOTicks != 22 {
 		t.Errorf("io_ticks %d, want 22", s.IOTicks)
@@ -175,9 +168,9 @@ func TestIOTicksOverlapAndGaps(t *testing.T) {
 func TestStartInThePast(t *testing.T) {
 	c, d := newFake()
 	doIO(c, d, Read, 8, 100, 101) // stamp 101
-	c.setMs(120)
+	c.Set(msNs(120))
 	d.Start(Write, msNs(90)) // arrived at 90, started at 120
-	c.setMs(125)
+	c.Set(msNs(125))
 	d.Done(Write, 8, msNs(90))
 	s := d.Snapshot()
 	f := s.Fields()
@@ -194,9 +187,9 @@ func TestStartInThePast(t *testing.T) {
 func TestTimeFieldsFloorAndOneDivision(t *testing.T) {
 	c, d := newFake()
 	for _, op := range []Op{Read, Write, Discard} {
-		c.set(0)
+		c.Set(int64(0))
 		d.Start(op, 0)
-		c.set(1500 * time.Microsecond)
+		c.Set(int64(1500 * time.Microsecond))
 		d.Done(op, 8, 0)
 	}
 	s := d.Snapshot()
@@ -225,7 +218,7 @@ func TestFieldTruncation(t *testing.T) {
 // sectors; the flush fields stay 0.
 func TestGroupsAndDirections(t *testing.T) {
 	c, d := newFake()
-	c.setMs(10)
+	c.Set(msNs(10))
 	d.Start(Read, msNs(10))
 	d.Start(Discard, msNs(10))
 	d.Start(Flush, msNs(10))
@@ -237,7 +230,7 @@ func TestGroupsAndDirections(t *testing.T) {
 	if r, w := d.InFlight(); r != 1 || w != 3 {
 		t.Errorf("InFlight() %d %d", r, w)
 	}
-	c.setMs(12)
+	c.Set(msNs(12))
 	d.Done(Read, 8, msNs(10))
 	d.Done(Discard, 2048, msNs(10))
 	d.Done(Flush, 0, msNs(10))

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
 // StatsMessage handles one of the device-mapper core's dm-stats messages

@@ -86,12 +86,12 @@ func (rg *region) writeHistogram(b *bytes.Buffer, label string) {
 	b.WriteByte('\n')
 }
 
-// RegisterRegionHistograms adds the region histograms of the devices that
-// list returns to what metrics.WritePrometheus writes (and so to an
-// Exporter's /metrics), until the returned function is called.
-func RegisterRegionHistograms(list func() []Named) (unregister func()) {
+// RegionHistograms returns a metric set that writes the region histograms of
+// the devices that list returns (WriteRegionHistograms). Registered with
+// metrics.RegisterSet, which the daemon does, they join what
+// metrics.WritePrometheus writes, and so an Exporter's /metrics.
+func RegionHistograms(list func() []Named) *metrics.Set {
 	s := metrics.NewSet()
 	s.RegisterMetricsWriter(func(w io.Writer) { WriteRegionHistograms(w, list()) })
-	metrics.RegisterSet(s)
-	return func() { metrics.UnregisterSet(s, true) }
+	return s
 }

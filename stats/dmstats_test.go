@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
-	"github.com/dmfuse/dmfuse/stack/dmarg"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
 
 // transcript runs dm-stats messages on one disk and records each message with
@@ -83,10 +84,10 @@ func errnoName(e syscall.Errno) string {
 
 // pieceIO runs one piece of sectors at sector from startNs to endNs on the
 // fake clock.
-func pieceIO(c *fakeClock, d *Disk, op Op, sector, sectors uint64, startNs, endNs int64) {
-	c.ns.Store(startNs)
+func pieceIO(c *clock.Manual, d *Disk, op Op, sector, sectors uint64, startNs, endNs int64) {
+	c.Set(startNs)
 	r := d.StartAt(op, startNs, int64(sector*512), int64(sectors*512))
-	c.ns.Store(endNs)
+	c.Set(endNs)
 	d.DoneAt(op, sectors, startNs, r)
 }
 
@@ -207,27 +208,27 @@ func TestDMStatsRounding(t *testing.T) {
 	tr.must("@stats_create - 1024", "0")
 	// R1 [100,110) and W1 [105,120) overlap from 105 to 110; a print at 107
 	// sees both in flight.
-	c.setMs(100)
+	c.Set(msNs(100))
 	r1 := d.StartAt(Read, msNs(100), 0, 4096)
-	c.setMs(105)
+	c.Set(msNs(105))
 	w1 := d.StartAt(Write, msNs(105), 8192, 4096)
-	c.setMs(107)
+	c.Set(msNs(107))
 	// 100..105: 1 in flight (5 ticks, tiq 5, read busy 5); 105..107: 2 in
 	// flight (2 ticks, tiq 4, read 2, write 2).
 	tr.must("@stats_print 0", "0+1024 0 0 0 0 0 0 0 0 2 7 9 7 2\n1024+1024 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
-	c.setMs(110)
+	c.Set(msNs(110))
 	d.DoneAt(Read, 8, msNs(100), r1)
-	c.setMs(120)
+	c.Set(msNs(120))
 	d.DoneAt(Write, 8, msNs(105), w1)
 	// 107..110: 2 in flight (3, tiq 6, r 3, w 3); 110..120: write only.
 	tr.must("@stats_print 0 0 1", "0+1024 1 0 8 10 1 0 8 15 0 20 25 10 15\n")
 	// A clear keeps nothing but in-flight; a print_clear prints then clears.
-	c.setMs(130)
+	c.Set(msNs(130))
 	r2 := d.StartAt(Read, msNs(130), 1024*512, 512)
-	c.setMs(131)
+	c.Set(msNs(131))
 	tr.must("@stats_print_clear 0 1 1", "1024+1024 0 0 0 0 0 0 0 0 1 1 1 1 0\n")
 	tr.must("@stats_print 0 1 1", "1024+1024 0 0 0 0 0 0 0 0 1 0 0 0 0\n")
-	c.setMs(133)
+	c.Set(msNs(133))
 	d.DoneAt(Read, 1, msNs(130), r2)
 	tr.must("@stats_print 0 1 1", "1024+1024 1 0 1 3 0 0 0 0 0 2 2 2 0\n")
 	tr.must("@stats_clear 0", "")
@@ -453,10 +454,10 @@ func TestDMStatsNumberRules(t *testing.T) {
 func TestDMStatsZeroCost(t *testing.T) {
 	c, d := newFake()
 	run := func() {
-		c.ns.Add(1000)
-		r := d.StartAt(Read, c.ns.Load(), 4096, 4096)
-		c.ns.Add(1000)
-		d.DoneAt(Read, 8, c.ns.Load()-1000, r)
+		c.Advance(1000)
+		r := d.StartAt(Read, c.Nanotime(), 4096, 4096)
+		c.Advance(1000)
+		d.DoneAt(Read, 8, c.Nanotime()-1000, r)
 	}
 	if r := d.StartAt(Read, 0, 0, 512); r != (RegionRef{}) {
 		t.Fatalf("StartAt without regions returned %+v", r)
@@ -488,7 +489,7 @@ func TestDMStatsStartedBefore(t *testing.T) {
 	if _, err := d.StatsCreate(RegionSpec{Len: 8, Step: 8, ProgramID: "-", Aux: "-"}); err != nil {
 		t.Fatal(err)
 	}
-	c.setMs(5)
+	c.Set(msNs(5))
 	d.DoneAt(Write, 8, 0, r)
 	out, _ := d.StatsPrint(0, 0, 1, false)
 	if out != "0+8 0 0 0 0 0 0 0 0 0 0 0 0 0\n" {
@@ -510,7 +511,7 @@ func TestDMStatsConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range per {
 				off := int64((w*per+i)*37%4000) * 512
-				s := c.ns.Add(100_000)
+				s := c.Advance(100_000)
 				r := d.StartAt(Op(i%3), s, off, 8*512)
 				d.DoneAt(Op(i%3), 8, s, r)
 			}
@@ -637,10 +638,16 @@ func TestDMStatsPrometheus(t *testing.T) {
 	if strings.Contains(b.String(), `region="2"`) {
 		t.Error("a region without histogram was exported")
 	}
-	unregister := RegisterRegionHistograms(func() []Named { return []Named{{Name: "dev", Disk: d}} })
+	set := RegionHistograms(func() []Named { return []Named{{Name: "dev", Disk: d}} })
 	var all bytes.Buffer
 	metrics.WritePrometheus(&all, false)
-	unregister()
+	if strings.Contains(all.String(), RegionHistogramName) {
+		t.Error("region histograms written before their set was registered")
+	}
+	metrics.RegisterSet(set)
+	all.Reset()
+	metrics.WritePrometheus(&all, false)
+	metrics.UnregisterSet(set, true)
 	if !strings.Contains(all.String(), `program_id="ns"`) {
 		t.Error("registered region histograms missing from metrics.WritePrometheus")
 	}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // IostatRow is the per-device rates between two diskstats samples, computed as
@@ -225,8 +227,8 @@ type Iostat struct {
 	// Uptime returns the interval of the first report (the time since boot, as
 	// iostat's first report has it). Nil: the first report is left out.
 	Uptime func() (time.Duration, error)
-	// Clock measures the time between samples; nil: SystemClock.
-	Clock Clock
+	// Clock measures the time between samples; nil: clock.System.
+	Clock clock.Clock
 	// Sleep waits for d or until ctx ends; nil: a timer.
 	Sleep func(ctx context.Context, d time.Duration) error
 }
@@ -245,9 +247,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // Run prints the reports to w. It returns nil when Count reports are printed
 // or the context ends while waiting.
 func (c *Iostat) Run(ctx context.Context, w io.Writer) error {
-	clock, sleep := c.Clock, c.Sleep
-	if clock == nil {
-		clock = SystemClock
+	clk, sleep := c.Clock, c.Sleep
+	if clk == nil {
+		clk = clock.System
 	}
 	if sleep == nil {
 		sleep = sleepCtx
@@ -257,7 +259,7 @@ func (c *Iostat) Run(ctx context.Context, w io.Writer) error {
 		if err != nil {
 			return nil, 0, err
 		}
-		t := clock.Nanotime()
+		t := clk.Nanotime()
 		lines, err := ParseDiskstats(data)
 		return lines, t, err
 	}
@@ -285,7 +287,7 @@ func (c *Iostat) Run(ctx context.Context, w io.Writer) error {
 	next := at
 	for c.Count == 0 || printed < c.Count {
 		next += int64(c.Interval)
-		if d := next - clock.Nanotime(); d > 0 {
+		if d := next - clk.Nanotime(); d > 0 {
 			if err := sleep(ctx, time.Duration(d)); err != nil {
 				if ctx.Err() != nil {
 					return nil

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 func readSample(t *testing.T, name string) []DiskstatsLine {
@@ -198,8 +200,8 @@ func FuzzParseDiskstats(f *testing.F) {
 // The report loop: the first report since boot, then one per interval from
 // samples taken on a fake clock, Count reports in all.
 func TestIostatRun(t *testing.T) {
-	c := new(fakeClock)
-	c.set(time.Hour)
+	c := new(clock.Manual)
+	c.Set(int64(time.Hour))
 	samples := []string{
 		" 253       0 a 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
 		" 253       0 a 100 0 800 100 0 0 0 0 0 500 100 0 0 0 0 0 0\n",
@@ -220,7 +222,7 @@ func TestIostatRun(t *testing.T) {
 		Clock:  c,
 		Sleep: func(_ context.Context, d time.Duration) error {
 			slept = append(slept, d)
-			c.add(d)
+			c.Advance(d)
 			return nil
 		},
 	}
@@ -256,7 +258,7 @@ func TestIostatRun(t *testing.T) {
 			cancel()
 			return ctx.Err()
 		}
-		c.add(d)
+		c.Advance(d)
 		return nil
 	}
 	out.Reset()

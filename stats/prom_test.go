@@ -11,30 +11,32 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
 // promFixture returns two devices with known I/O on a fake clock.
-func promFixture() (*fakeClock, []Named) {
-	c := new(fakeClock)
+func promFixture() (*clock.Manual, []Named) {
+	c := new(clock.Manual)
 	a, b := NewDisk(c), NewDisk(c)
 	// a: TestWorkedExample's workload A plus a write, a discard and an empty
 	// flush.
 	for _, t0 := range []int64{100, 105, 110, 115} {
 		doIO(c, a, Read, 8, t0, t0+3)
 	}
-	c.set(200 * time.Millisecond)
+	c.Set(int64(200 * time.Millisecond))
 	a.Start(Write, c.Nanotime())
-	c.set(200*time.Millisecond + 40*time.Microsecond)
+	c.Set(int64(200*time.Millisecond + 40*time.Microsecond))
 	a.Done(Write, 16, msNs(200))
 	doIO(c, a, Discard, 2048, 300, 320)
 	doIO(c, a, Flush, 0, 400, 401)
 	// One read still in flight on a.
-	c.setMs(500)
+	c.Set(msNs(500))
 	a.Start(Read, msNs(500))
-	c.setMs(502)
+	c.Set(msNs(502))
 	// b: a device with a quote and a backslash in its name, one slow read.
 	doIO(c, b, Read, 1, 0, 0)
-	c.setMs(502)
+	c.Set(msNs(502))
 	b.Start(Read, msNs(490))
 	b.Done(Read, 8, msNs(490))
 	return c, []Named{{`b"\x`, b}, {"a", a}}

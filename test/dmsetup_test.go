@@ -320,7 +320,7 @@ func writeFile(t *testing.T, path, data string, sync bool) {
 }
 
 // TestDmsetupFlakeyCycle is xfstests' power-failure cycle (common/dmflakey)
-// on ext4 and xfs: a file fsynced before the flakey table drops writes
+// on ext4, xfs and btrfs: a file fsynced before the flakey table drops writes
 // survives, one written after does not.
 func TestDmsetupFlakeyCycle(t *testing.T) {
 	for _, c := range []struct {
@@ -330,6 +330,7 @@ func TestDmsetupFlakeyCycle(t *testing.T) {
 	}{
 		{"ext4", 64 << 20, []string{"mkfs.ext4", "-q", "-F"}},
 		{"xfs", 320 << 20, []string{"mkfs.xfs", "-q", "-f"}},
+		{"btrfs", 256 << 20, []string{"mkfs.btrfs", "-q", "-f"}},
 	} {
 		t.Run(c.fs, func(t *testing.T) {
 			requireTool(t, c.mkfs[0])

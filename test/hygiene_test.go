@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/control"
-	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
 	"golang.org/x/sys/unix"
 )
@@ -115,8 +115,7 @@ func TestResourceHygiene(t *testing.T) {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath)
+	reg, err := stack.NewRegistry(targets.All()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +123,7 @@ func TestResourceHygiene(t *testing.T) {
 	defer cancel()
 	mgr := stack.NewManager(ctx, reg, nil)
 	stack.EnableDMStats(mgr)
-	defer mgr.RemoveAll()
+	defer mgr.Close()
 	if _, err := mgr.Create(stack.CreateOptions{Name: "base", Minor: -1, Table: "0 8192 linear " + img + " 0"}); err != nil {
 		t.Fatal(err)
 	}

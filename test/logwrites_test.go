@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/logwrites"
 )
 
 // lwMemDir returns a new folder on tmpfs when there is one (logs and

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 	"github.com/dmfuse/dmfuse/thin/metadata"
@@ -39,7 +40,7 @@ func FuzzPoolArgs(f *testing.F) {
 			if err != nil {
 				return nil, err
 			}
-			return stack.Build(lines, stack.BuildOptions{Registry: reg, Open: open.Open, Clock: &stacktest.ManualClock{}, Context: context.Background()})
+			return stack.Build(lines, stack.BuildOptions{Registry: reg, Open: open.Open, Clock: &clock.Manual{}, Context: context.Background()})
 		}
 		tb, err := build(params)
 		if err != nil {

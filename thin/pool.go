@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 	"github.com/dmfuse/dmfuse/thin/metadata"
@@ -392,7 +393,7 @@ func (m metaDevice) Size() int64 {
 
 func (p *pool) now() int64 {
 	if p.clock == nil {
-		return time.Now().UnixNano()
+		return clock.Now()
 	}
 	return p.clock.Nanotime()
 }

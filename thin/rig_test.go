@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 	"github.com/dmfuse/dmfuse/thin/metadata"
@@ -20,14 +21,14 @@ import (
 type rig struct {
 	t      testing.TB
 	mgr    *stack.Manager
-	clock  *stacktest.ManualClock
+	clock  *clock.Manual
 	mu     sync.Mutex
 	mems   map[string]*stacktest.MemDevice
 	stores []*memStore
 }
 
 func newRig(t testing.TB) *rig {
-	r := &rig{t: t, clock: &stacktest.ManualClock{}, mems: map[string]*stacktest.MemDevice{}}
+	r := &rig{t: t, clock: &clock.Manual{}, mems: map[string]*stacktest.MemDevice{}}
 	r.clock.Set(1e9)
 	pt, tt := NewTypes(func(d metadata.Device, o metadata.Options) (metadata.Store, error) {
 		s, err := openMemStore(d, o)

@@ -141,6 +141,12 @@ func parseSize(s string) (int64, error) {
 //	dmfuse_uring_interrupts_total                  FUSE_INTERRUPTs that reached a ring request
 //	dmfuse_uring_offloaded_total                   large READs and WRITEs run off the queue's thread
 //	dmfuse_uring_requests_total{queue="N"}         requests queue N received (the kernel picks the submitting CPU's)
+//	dmfuse_uring_polling                           1 while a queue that runs dry would poll (requests expected soon)
+//	dmfuse_uring_polls_total                       spins of queues that ran dry, requests being expected soon
+//	dmfuse_uring_poll_probes_total                 spins that test whether requests come densely again
+//	dmfuse_uring_poll_hits_total                   spins (polls or probes) that found a request on their queue
+//	dmfuse_uring_poll_contended_total              spins cut short because another thread wanted the CPU
+//	dmfuse_uring_poll_microseconds_total           time the queues spent spinning, for requests and for replies
 func memoryMetrics(srv *fs.Server) *metrics.Set {
 	p := srv.Memory()
 	set := metrics.NewSet()
@@ -157,6 +163,12 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 		return float64(s[0].Value.Uint64())
 	})
 	set.NewGauge("dmfuse_uring_threads", func() float64 { return float64(srv.URingStats().Threads) })
+	set.NewGauge("dmfuse_uring_polling", func() float64 {
+		if srv.URingStats().Polling {
+			return 1
+		}
+		return 0
+	})
 	set.RegisterMetricsWriter(func(w io.Writer) {
 		u := srv.URingStats()
 		c := []counterValue{
@@ -165,6 +177,11 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 			{`dmfuse_uring_handoffs_total{cause="watchdog"}`, u.Watchdog},
 			{"dmfuse_uring_interrupts_total", u.Interrupts},
 			{"dmfuse_uring_offloaded_total", u.Offloaded},
+			{"dmfuse_uring_polls_total", u.Polls},
+			{"dmfuse_uring_poll_probes_total", u.Probes},
+			{"dmfuse_uring_poll_hits_total", u.PollHits},
+			{"dmfuse_uring_poll_contended_total", u.PollContended},
+			{"dmfuse_uring_poll_microseconds_total", uint64(u.PollTime.Microseconds())},
 		}
 		for q := range p.URingQueues {
 			var n uint64

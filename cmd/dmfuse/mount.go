@@ -19,6 +19,8 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
 	"github.com/dmfuse/dmfuse/thin"
@@ -41,7 +43,7 @@ type MountCmd struct {
 
 	Transport     string `help:"How requests reach the daemon: auto (io_uring when the kernel offers it, else /dev/fuse), uring or dev." enum:"auto,uring,dev" default:"auto"`
 	EnableURing   bool   `name:"enable-uring" help:"Switch on the fuse module parameter enable_uring (root) so that the kernel offers io_uring."`
-	Poll          string `help:"How each io_uring queue waits for its next request: auto polls up to 50us each time a queue runs dry, while its polls find requests (an idle daemon burns no CPU); 0 never polls; a duration (50us) polls up to that long every time." default:"auto" placeholder:"auto|0|DURATION"`
+	Poll          string `help:"How each io_uring queue waits for its next request: auto polls up to 50us when a queue runs dry while the daemon's requests come in quick succession, on any queue, and the CPU is not contended (sparse I/O and an idle daemon burn no CPU); 0 never polls; a duration (50us) polls up to that long every time the CPU is not contended." default:"auto" placeholder:"auto|0|DURATION"`
 	Interruptible bool   `help:"Let a signal end I/O a device holds (suspended, delayed, queued without a path) with EINTR; by default held I/O waits through signals, as on a dm device."`
 	URingDepth    int    `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 64)." default:"0"`
 
@@ -73,9 +75,7 @@ func parsePoll(v string) (time.Duration, error) {
 
 // registry returns every target type dmfuse knows.
 func registry() *stack.Registry {
-	r, err := stack.NewRegistry(stack.Linear, stack.Striped, stack.Zero, stack.Error,
-		stack.Flakey, stack.Dust, delay.Type, stack.Multipath, stack.LogWrites, stack.Powercut,
-		thin.PoolType, thin.Type)
+	r, err := stack.NewRegistry(targets.All()...)
 	if err != nil {
 		panic(err)
 	}
@@ -104,13 +104,15 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err := unix.Prctl(unix.PR_SET_IO_FLUSHER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "dmfuse: warning: PR_SET_IO_FLUSHER: %v (serving loop devices may deadlock under memory pressure)\n", err)
 	}
-	thin.SetNoSpaceTimeout(c.ThinNoSpaceTimeout)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	thin.SetNoSpaceTimeout(c.ThinNoSpaceTimeout)
+	mgr := stack.NewManager(ctx, registry(), clock.System)
 	mgr.Memory = reserveMemory
-	stack.EnableDMStats(mgr)
-	defer mgr.RemoveAll()
+	dmstats := stack.EnableDMStats(mgr)
+	metrics.RegisterSet(dmstats)
+	defer metrics.UnregisterSet(dmstats, true)
+	defer mgr.Close()
 
 	text, base, src := defaultConfig, "", "default set"
 	if c.Config != "" {
@@ -164,6 +166,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dir, err)
 	}
+	raiseProcs(delay.SchedulerProcs + srv.Procs())
 	ctl := control.NewServer(ctx, mgr)
 	go func() {
 		if err := ctl.Serve(ln); err != nil {

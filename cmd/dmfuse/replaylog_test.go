@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/stack/logwrites"
+	"github.com/dmfuse/dmfuse/logwrites"
 )
 
 // tlEntry is one entry of a test log; writes carry nr units of fill.
@@ -377,11 +377,11 @@ func TestReplayLogEach(t *testing.T) {
 	if len(lines) != 5 {
 		t.Fatalf("--json printed %d lines, want 4 points and a summary:\n%s", len(lines), out)
 	}
-	var p eachPoint
+	var p logwrites.EachPoint
 	if err := json.Unmarshal([]byte(lines[0]), &p); err != nil || p.Point != 1 || p.Entry != 1 || !p.OK || p.Flags != "NONE" {
 		t.Errorf("first point %q: %+v %v", lines[0], p, err)
 	}
-	var s eachSummary
+	var s logwrites.EachSummary
 	if err := json.Unmarshal([]byte(lines[4]), &s); err != nil || !s.Summary || s.Points != 4 || s.Entries != 8 || s.Failed || s.Kind != "every-2" || s.DataBytes != 5*512 {
 		t.Errorf("summary %q: %+v %v", lines[4], s, err)
 	}

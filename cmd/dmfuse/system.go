@@ -14,13 +14,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 // The system instance: the daemon dmsetup starts by itself. It lives in a
@@ -278,10 +280,12 @@ func (c *DaemonCmd) Run() error {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(ctx, registry(), stats.SystemClock)
+	mgr := stack.NewManager(ctx, registry(), clock.System)
 	mgr.Memory = reserveMemory
-	stack.EnableDMStats(mgr)
-	defer mgr.RemoveAll()
+	dmstats := stack.EnableDMStats(mgr)
+	metrics.RegisterSet(dmstats)
+	defer metrics.UnregisterSet(dmstats, true)
+	defer mgr.Close()
 
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -295,6 +299,7 @@ func (c *DaemonCmd) Run() error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", mnt, err)
 	}
+	raiseProcs(delay.SchedulerProcs + srv.Procs())
 	loops, err := export.New(mgr, mnt, mapperDir(), s.path("nodes"), logf)
 	if err != nil {
 		srv.Unmount()

@@ -1,16 +1,13 @@
 package dmsetup
 
-import (
-	"fmt"
-	"strings"
-)
+import gnu "github.com/dmfuse/dmfuse/internal/getopt"
 
-// The command line is scanned as dmsetup scans it: glibc's getopt_long with
-// dmsetup's short and long options (libdm/dm-tools/dmsetup.c:
-// _process_switches). Options and their arguments may come anywhere (GNU
-// argument permutation), `--` ends them, short options cluster, long ones
-// take `--name value` or `--name=value` and may be shortened to a unique
-// prefix.
+// The command line is scanned as dmsetup scans it: glibc's getopt_long
+// (internal/getopt) with dmsetup's short and long options
+// (libdm/dm-tools/dmsetup.c: _process_switches). Options and their arguments
+// may come anywhere (GNU argument permutation), `--` ends them, short options
+// cluster, long ones take `--name value` or `--name=value` and may be
+// shortened to a unique prefix.
 
 // shortOptions is dmsetup's getopt short option string.
 const shortOptions = "cCfG:hj:m:M:no:O:rS:u:U:vy"
@@ -27,6 +24,17 @@ type longOption struct {
 	name   string
 	hasArg bool
 }
+
+// getoptLongs is longOptions as a getopt_long table. Each option has a value
+// of its own, as in dmsetup, so that any two options a prefix fits are
+// ambiguous.
+var getoptLongs = func() []gnu.Option {
+	t := make([]gnu.Option, len(longOptions))
+	for i, o := range longOptions {
+		t[i] = gnu.Option{Name: o.name, HasArg: o.hasArg, Val: 256 + i}
+	}
+	return t
+}()
 
 // longOptions are dmsetup's long options, in its order (which decides the
 // order of the possibilities an ambiguous prefix lists). --verbose takes an
@@ -61,83 +69,19 @@ type option struct {
 // prefixed with prog) and nothing else. With posix (POSIXLY_CORRECT),
 // scanning stops at the first word that is not an option.
 func getopt(prog string, args []string, posix bool) (opts []option, words []string, msg string) {
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case a == "--":
-			return opts, append(words, args[i+1:]...), ""
-		case strings.HasPrefix(a, "--"):
-			body := a[2:]
-			name, val, hasVal := strings.Cut(body, "=")
-			o, m := findLong(prog, name, body)
-			if m != "" {
-				return nil, nil, m
-			}
-			switch {
-			case !o.hasArg && hasVal:
-				return nil, nil, fmt.Sprintf("%s: option '--%s' doesn't allow an argument", prog, o.name)
-			case o.hasArg && !hasVal:
-				if i+1 >= len(args) {
-					return nil, nil, fmt.Sprintf("%s: option '--%s' requires an argument", prog, o.name)
-				}
-				i++
-				val = args[i]
-			}
-			opts = append(opts, option{o.name, val})
-		case len(a) > 1 && a[0] == '-':
-			for j := 1; j < len(a); j++ {
-				c := a[j]
-				k := strings.IndexByte(shortOptions, c)
-				if c == ':' || k < 0 {
-					return nil, nil, fmt.Sprintf("%s: invalid option -- '%c'", prog, c)
-				}
-				if k+1 < len(shortOptions) && shortOptions[k+1] == ':' {
-					val := a[j+1:]
-					if val == "" {
-						if i+1 >= len(args) {
-							return nil, nil, fmt.Sprintf("%s: option requires an argument -- '%c'", prog, c)
-						}
-						i++
-						val = args[i]
-					}
-					opts = append(opts, option{shortNames[c], val})
-					break
-				}
-				opts = append(opts, option{shortNames[c], ""})
-			}
-		default:
-			if posix {
-				return opts, append(words, args[i:]...), ""
-			}
-			words = append(words, a)
+	p := &gnu.Parser{Prog: prog, Args: args, Shorts: shortOptions, Longs: getoptLongs, Posix: posix}
+	for {
+		o, ok, err := p.Next()
+		if err != nil {
+			return nil, nil, err.Error()
 		}
-	}
-	return opts, words, ""
-}
-
-// findLong finds the long option called name or of which name is a unique
-// prefix, as getopt_long does: an exact match wins; several prefix matches
-// that differ are ambiguous. body is the word after `--`, for messages.
-func findLong(prog, name, body string) (longOption, string) {
-	var matches []longOption
-	for _, o := range longOptions {
-		if o.name == name {
-			return o, ""
+		if !ok {
+			return opts, p.Rest(), ""
 		}
-		if strings.HasPrefix(o.name, name) {
-			matches = append(matches, o)
+		name := shortNames[byte(o.Val)]
+		if o.Long >= 0 {
+			name = longOptions[o.Long].name
 		}
+		opts = append(opts, option{name, o.Arg})
 	}
-	switch {
-	case len(matches) == 1:
-		return matches[0], ""
-	case len(matches) == 0 || name == "":
-		return longOption{}, fmt.Sprintf("%s: unrecognized option '--%s'", prog, body)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s: option '--%s' is ambiguous; possibilities:", prog, body)
-	for _, o := range matches {
-		fmt.Fprintf(&b, " '--%s'", o.name)
-	}
-	return longOption{}, b.String()
 }

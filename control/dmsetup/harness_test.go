@@ -56,7 +56,7 @@ func newHarness(t *testing.T) *harness {
 	off := stack.NewManager(ctx, registry(t), nil)
 	h.offline = control.NewServer(ctx, off)
 	h.env["DM_DEV_DIR"] = h.devDir
-	t.Cleanup(func() { h.srv.Close(); h.offline.Close(); h.mgr.RemoveAll(); cancel() })
+	t.Cleanup(func() { h.srv.Close(); h.offline.Close(); h.mgr.Close(); off.Close(); cancel() })
 	return h
 }
 

@@ -753,10 +753,6 @@ func (r *run) exec(name string) bool {
 	return true
 }
 
-// mknodes has nothing to do: the daemon keeps the mapper folder in step
-// with its devices.
-func (r *run) mknodes(_ []string, _ bool) bool { return true }
-
 // mangle has nothing to do: dmfuse names never hold characters that need
 // mangling, so every name is in its correct form.
 func (r *run) mangle(args []string, _ bool) bool {

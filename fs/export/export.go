@@ -1,25 +1,22 @@
 // Package export makes the devices of a dmfuse daemon real block devices: a
 // loop device with direct I/O over each device's file on the daemon's
-// mount, and a node MAPPER/NAME with the loop device's number, as dm's
-// /dev/mapper/NAME. The daemon owns them: a device's loop device is
+// mount, and MAPPER/NAME, a symbolic link to the loop device's node, as
+// udev leaves dm's /dev/mapper/NAME (mapper.go). The daemon owns them: a device's loop device is
 // attached when its first table goes live, follows the live table's size,
 // and is detached when the device is removed, whoever drives the device.
 //
 // Loops is the stack.Exporter a Manager consults: the number a device
 // reports is its loop device's, the users of the loop device (mounts, open
 // descriptors, holders) count towards the device's open count, a table
-// argument naming the loop device or the node resolves to the device
-// in-process, and a suspend freezes a file system mounted on it.
+// argument naming the loop device or the link resolves to the device
+// in-process, and a suspend freezes a file system mounted on it
+// (freeze.go).
 package export
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -28,20 +25,13 @@ import (
 	"github.com/dmfuse/dmfuse/stack"
 )
 
-// Ioctls of include/uapi/linux/fs.h that x/sys does not name.
-const (
-	fiFreeze = 0xc0045877 // FIFREEZE: _IOWR('X', 119, int)
-	fiThaw   = 0xc0045878 // FITHAW: _IOWR('X', 120, int)
-)
-
 // Loops exports the devices of a stack.Manager as loop devices.
 type Loops struct {
 	mgr    *stack.Manager
 	mount  string // the daemon's mount point: device files are MOUNT/NAME
-	mapper string // the folder of the nodes
-	state  string // the file listing the nodes made, for a later cleanup
+	mapper string // the folder of the links
+	state  string // the file listing the links made, for a later cleanup
 	logf   func(format string, a ...any)
-	gid    int // group of the nodes (disk)
 
 	mu    sync.Mutex
 	byDev map[*stack.Device]*export
@@ -51,28 +41,24 @@ type Loops struct {
 // export is one device's block device.
 type export struct {
 	loop *loopDev
-	node string // the node's name in the mapper folder ("" if none)
+	node string // the link's name in the mapper folder ("" if none)
 	ro   bool
-	// frozen is the mount point Freeze froze, "" if none.
-	frozen string
+	// frozen is the file system Freeze froze, nil if none.
+	frozen *frozenFS
 }
 
 var _ stack.Exporter = (*Loops)(nil)
 
 // New returns the exporter of mgr's devices, whose files are on mount,
-// with nodes in mapper (created if missing). state is a file that lists the
-// nodes made, so that Cleanup can remove them after a daemon died. logf
-// receives what goes wrong outside a command (a node that cannot be made,
+// with links in mapper (created if missing). state is a file that lists the
+// links made, so that Cleanup can remove them after a daemon died. logf
+// receives what goes wrong outside a command (a link that cannot be made,
 // a loop device that cannot be resized).
 func New(mgr *stack.Manager, mount, mapper, state string, logf func(string, ...any)) (*Loops, error) {
 	if err := os.MkdirAll(mapper, 0o755); err != nil {
 		return nil, err
 	}
-	gid := 0
-	if g, err := user.LookupGroup("disk"); err == nil {
-		gid, _ = strconv.Atoi(g.Gid)
-	}
-	return &Loops{mgr: mgr, mount: mount, mapper: mapper, state: state, logf: logf, gid: gid,
+	return &Loops{mgr: mgr, mount: mount, mapper: mapper, state: state, logf: logf,
 		byDev: map[*stack.Device]*export{}, byNo: map[uint64]*stack.Device{}}, nil
 }
 
@@ -117,8 +103,8 @@ func (l *Loops) BlockDevice(d *stack.Device) string {
 
 // Changed follows a change of d's live table or name (the manager's
 // OnChange): the first live table attaches a loop device and makes the
-// node, a new size is passed to the loop device, a new name renames the
-// node, a new read-only mode sets the loop device's.
+// link, a new size is passed to the loop device, a new name renames the
+// link, a new read-only mode sets the loop device's.
 func (l *Loops) Changed(d *stack.Device) {
 	if d.Live() == nil || l.mgr.Lookup(d.Name()) != d {
 		return
@@ -172,7 +158,7 @@ func blockSize(f *os.File) (uint64, error) {
 	return unix.IoctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64)
 }
 
-// Removed detaches d's loop device and removes its node (the manager's
+// Removed detaches d's loop device and removes its link (the manager's
 // OnRemove). A file system still frozen is thawed first.
 func (l *Loops) Removed(d *stack.Device) {
 	l.mu.Lock()
@@ -183,127 +169,14 @@ func (l *Loops) Removed(d *stack.Device) {
 	}
 	delete(l.byDev, d)
 	delete(l.byNo, e.loop.rdev)
-	l.thawLocked(e)
+	l.thawLocked(d.Name(), e)
 	l.removeNode(e)
 	if err := detachLoop(e.loop.path); err != nil {
 		l.logf("%s: %v", d.Name(), err)
 	}
 }
 
-// makeNode makes MAPPER/name, a block node with the loop device's number,
-// mode 0660, group disk, replacing whatever is there.
-func (l *Loops) makeNode(e *export, name string) {
-	p := filepath.Join(l.mapper, name)
-	os.Remove(p)
-	if err := unix.Mknod(p, unix.S_IFBLK|0o660, int(e.loop.rdev)); err != nil {
-		l.logf("%s: %v", p, err)
-		return
-	}
-	os.Chown(p, 0, l.gid)
-	unix.Chmod(p, 0o660)
-	e.node = name
-	l.saveState()
-}
-
-// removeNode removes e's node if it is still the one made for it.
-func (l *Loops) removeNode(e *export) {
-	if e.node == "" {
-		return
-	}
-	p := filepath.Join(l.mapper, e.node)
-	var st unix.Stat_t
-	if unix.Lstat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == e.loop.rdev {
-		os.Remove(p)
-	}
-	e.node = ""
-	l.saveState()
-}
-
-// saveState writes the nodes made, one "NAME MAJ:MIN LOOPDEV" per line.
-// The caller holds l.mu.
-func (l *Loops) saveState() {
-	if l.state == "" {
-		return
-	}
-	var lines []string
-	for _, e := range l.byDev {
-		if e.node != "" {
-			lines = append(lines, fmt.Sprintf("%s %d:%d %s", e.node, unix.Major(e.loop.rdev), unix.Minor(e.loop.rdev), e.loop.path))
-		}
-	}
-	sort.Strings(lines)
-	tmp := l.state + ".tmp"
-	text := strings.Join(lines, "\n")
-	if text != "" {
-		text += "\n"
-	}
-	if err := os.WriteFile(tmp, []byte(text), 0o600); err == nil {
-		os.Rename(tmp, l.state)
-	}
-}
-
-// Freeze implements stack.Exporter: it freezes the file system mounted on
-// d's loop device (FIFREEZE), or syncs the loop device if none is, as
-// bdev_freeze does for dm's lock_fs. A file system someone else froze
-// already stays theirs to thaw.
-func (l *Loops) Freeze(d *stack.Device) error {
-	l.mu.Lock()
-	e := l.byDev[d]
-	l.mu.Unlock()
-	if e == nil {
-		return nil
-	}
-	mounts := mountsOf(e.loop.rdev)
-	if len(mounts) == 0 {
-		f, err := os.OpenFile(e.loop.path, os.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		return f.Sync()
-	}
-	f, err := os.Open(mounts[0])
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := unix.IoctlSetInt(int(f.Fd()), fiFreeze, 0); err != nil {
-		if errors.Is(err, unix.EBUSY) {
-			return nil
-		}
-		return fmt.Errorf("freezing %s: %w", mounts[0], err)
-	}
-	l.mu.Lock()
-	e.frozen = mounts[0]
-	l.mu.Unlock()
-	return nil
-}
-
-// Thaw implements stack.Exporter: it thaws what Freeze froze.
-func (l *Loops) Thaw(d *stack.Device) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e := l.byDev[d]; e != nil {
-		l.thawLocked(e)
-	}
-}
-
-func (l *Loops) thawLocked(e *export) {
-	if e.frozen == "" {
-		return
-	}
-	f, err := os.Open(e.frozen)
-	if err == nil {
-		err = unix.IoctlSetInt(int(f.Fd()), fiThaw, 0)
-		f.Close()
-	}
-	if err != nil {
-		l.logf("thawing %s: %v", e.frozen, err)
-	}
-	e.frozen = ""
-}
-
-// Cleanup clears what a daemon that died left behind: the nodes it listed
+// Cleanup clears what a daemon that died left behind: the links it listed
 // in state (if they still have their loop device's number), the loop
 // devices backed by files under mount (a file system still mounted on one
 // is lazily unmounted, since its device is gone), and the mount itself. It
@@ -311,23 +184,7 @@ func (l *Loops) thawLocked(e *export) {
 func Cleanup(mount, mapper, state string) []string {
 	var did []string
 	loops := loopsBackedUnder(mount)
-	if b, err := os.ReadFile(state); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 2 {
-				continue
-			}
-			maj, min, ok := parseDevNo(f[1])
-			p := filepath.Join(mapper, f[0])
-			var st unix.Stat_t
-			if ok && unix.Lstat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == unix.Mkdev(maj, min) {
-				if os.Remove(p) == nil {
-					did = append(did, "removed "+p)
-				}
-			}
-		}
-		os.Remove(state)
-	}
+	did = append(did, cleanupEntries(mapper, state)...)
 	for _, lp := range loops {
 		for _, m := range mountsOf(lp.rdev) {
 			if unix.Unmount(m, unix.MNT_DETACH) == nil {

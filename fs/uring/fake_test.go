@@ -11,8 +11,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/stacktest"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/hints"
 )
 
 // fakeRing plays the kernel's part of one queue in memory: the test sends
@@ -196,12 +196,12 @@ func (r *fakeRing) reply(t *testing.T) fakeReply {
 // Nodes of waitFS.
 const (
 	nodeFast   = 2 // answers at once
-	nodeHint   = 3 // says it waits (stack.Waiting), then waits for release
+	nodeHint   = 3 // says it waits (hints.Waiting), then waits for release
 	nodeSilent = 4 // waits for release without saying so
 	nodeCancel = 5 // waits for its cancel channel, answers EINTR
 	nodeMixed  = 6 // as nodeHint at a non-zero offset, as nodeFast at 0
-	nodeCont   = 7 // as nodeHint, then says it goes on (stack.Continuing) and waits for a second release
-	nodeExpect = 8 // says it completes in expectIn (stack.Expecting) and waits, then waits for release or its cancel channel (EINTR)
+	nodeCont   = 7 // as nodeHint, then says it goes on (hints.Continuing) and waits for a second release
+	nodeExpect = 8 // says it completes in expectIn (hints.Expecting) and waits, then waits for release or its cancel channel (EINTR)
 	nodeHold   = 9 // as nodeHint, but waits for hold to close
 )
 
@@ -239,21 +239,21 @@ func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse
 		if ctx == nil {
 			return nil, fuse.EIO
 		}
-		stack.Waiting(ctx)
+		hints.Waiting(ctx)
 		f.started <- in.Unique
 		<-f.release
 	case nodeCont:
 		ctx := f.srv.Context(cancel)
-		stack.Waiting(ctx)
+		hints.Waiting(ctx)
 		f.started <- in.Unique
 		<-f.release
-		stack.Continuing(ctx)
+		hints.Continuing(ctx)
 		f.started <- in.Unique
 		<-f.release
 	case nodeExpect:
 		ctx := f.srv.Context(cancel)
-		stack.Expecting(ctx, expectIn)
-		stack.Waiting(ctx)
+		hints.Expecting(ctx, expectIn)
+		hints.Waiting(ctx)
 		f.started <- in.Unique
 		select {
 		case <-f.release:
@@ -261,7 +261,7 @@ func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse
 			return nil, fuse.EINTR
 		}
 	case nodeHold:
-		stack.Waiting(f.srv.Context(cancel))
+		hints.Waiting(f.srv.Context(cancel))
 		f.started <- in.Unique
 		<-f.hold
 	case nodeSilent:
@@ -276,10 +276,10 @@ func (f *waitFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse
 }
 
 // newFakeServer starts a one-queue server of depth entries on a fake ring.
-func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *stacktest.ManualClock) {
+func newFakeServer(t *testing.T, depth int) (*Server, *fakeRing, *waitFS, *clock.Manual) {
 	t.Helper()
 	cfg := Config{Depth: depth, PayloadSize: 8192, Poll: PollOff}
-	clk := &stacktest.ManualClock{}
+	clk := &clock.Manual{}
 	clk.Set(1)
 	cfg.Clock = clk
 	r := newFakeRing()
@@ -589,56 +589,6 @@ func TestContextFUA(t *testing.T) {
 	}
 }
 
-// TestPoller: adaptive polling polls while polls find work, and after two
-// misses in a row only every probeEvery-th time.
-func TestPoller(t *testing.T) {
-	var p poller
-	p.init(0)
-	w := int64(DefaultPollWindow)
-	for range 10 {
-		if p.window() != w {
-			t.Fatal("no poll while polls hit")
-		}
-		p.polled(true)
-	}
-	p.window()
-	p.polled(false)
-	if p.window() != w {
-		t.Fatal("stopped after one miss")
-	}
-	p.polled(false)
-	polls := 0
-	for range 3 * probeEvery {
-		if p.window() > 0 {
-			polls++
-			p.polled(false)
-		}
-	}
-	if polls != 3 {
-		t.Errorf("%d polls in %d dry periods after misses, want 3", polls, 3*probeEvery)
-	}
-	for p.window() == 0 {
-	}
-	p.polled(true)
-	if p.window() != w {
-		t.Error("no polling after a poll found work")
-	}
-	// A deep queue (many requests between dry moments) does not poll.
-	p.burst = maxBurst + 1
-	if p.window() != 0 {
-		t.Error("polls a deep queue")
-	}
-	if p.window() != w {
-		t.Error("no poll once the queue is shallow again")
-	}
-	var off, fixed poller
-	off.init(PollOff)
-	fixed.init(time.Millisecond)
-	if off.window() != 0 || fixed.window() != int64(time.Millisecond) {
-		t.Error("off or fixed polling")
-	}
-}
-
 // sleepsAfter waits until the queue's leader has slept more than n times
 // and is asleep, and returns the timeouts of all its sleeps.
 func (r *fakeRing) sleepsAfter(t *testing.T, n int) []int64 {
@@ -709,7 +659,7 @@ func (r *fakeRing) startArmed(t *testing.T, fs *waitFS, unique uint64) []int64 {
 }
 
 // TestExpectingExpires: an expected reply that does not come by the time
-// the leader's spin ends (expected time plus stack.ContinueLead) leaves the
+// the leader's spin ends (expected time plus hints.ContinueLead) leaves the
 // leader asleep without a timeout, not spinning and not re-armed; the
 // request still completes (here: interrupted), and the next one arms the
 // leader again.
@@ -723,7 +673,7 @@ func TestExpectingExpires(t *testing.T) {
 	for q.sleeping.Load() != 0 {
 		time.Sleep(time.Millisecond)
 	}
-	clk.Set(at + int64(stack.ContinueLead) + 1)
+	clk.Set(at + int64(hints.ContinueLead) + 1)
 	sl := r.sleepsAfter(t, n)
 	if len(sl) != n+1 || sl[n] != 0 {
 		t.Fatalf("sleeps after the expected time %v, want one without a timeout", sl[n:])

@@ -22,15 +22,15 @@
 // request. A request that is going to wait (a delay target, a suspended
 // device, multipath without a path, a block device below) must not stall
 // the other requests of its CPU: the device I/O runs with the context
-// Server.Context returns, whose stack.Waiter hands the ring to a standby
-// thread the moment the stack calls stack.Waiting; the thread that runs the
+// Server.Context returns, whose hints.Waiter hands the ring to a standby
+// thread the moment the stack calls hints.Waiting; the thread that runs the
 // waiting request puts its reply on the queue's list of finished entries
 // when it is done, and the queue's current thread commits it. Every request
 // starts inline, so a fast request of a node whose last request waited
 // (multipath over a fast and a slow path) costs no hand-off. A watchdog
 // does the same for a request that held the thread for 1 ms without saying
 // it waits.
-// A waiting request that says when it will complete (stack.Expecting), alone
+// A waiting request that says when it will complete (hints.Expecting), alone
 // on its queue, lets the queue's thread sleep with a timeout that ends
 // Config.ExpectMargin before then and spin for the reply, so that it need
 // not be woken from another CPU.

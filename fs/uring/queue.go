@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/internal/hints"
 )
 
 // queue is one ring and its entries. One thread at a time leads it: it reaps
@@ -16,18 +16,18 @@ import (
 // io_uring_enter both commits a reply and waits for the next request. Other
 // threads of the queue wait as standby.
 //
-// A request that is going to wait (stack.Waiting, through entry.Waiting) or
+// A request that is going to wait (hints.Waiting, through entry.Waiting) or
 // that has held the leader for longer than the watchdog allows gives up the
 // queue: a standby thread (a new one if none waits) becomes the leader at
 // once, and the old leader finishes the request, puts the entry on the
 // queue's list of finished entries, wakes the new leader to commit it, and
 // becomes a standby thread itself, bound to the queue's CPU again before it
 // waits, so that a promotion takes no system call. A waiting request that
-// says it is about to complete (stack.Continuing, through entry.Continuing)
+// says it is about to complete (hints.Continuing, through entry.Continuing)
 // while it is the queue's only request away from the leader wakes the
 // leader ahead of its reply, and the leader spins for it rather than sleep
 // (with several away, their replies wake it as they come). One that
-// says when it will complete (stack.Expecting, through entry.Expecting) while
+// says when it will complete (hints.Expecting, through entry.Expecting) while
 // it is the queue's only request lets the leader sleep with a timeout that
 // ends expectMargin before then, and spin from there (see expected).
 type queue struct {
@@ -43,16 +43,17 @@ type queue struct {
 	pendNext int
 	dead     int
 	seq      uint64 // sequence number of the last request handled inline
-	poll     poller
+	poll     pollQueue
 	inflight int   // requests reaped and not committed yet
 	expired  int64 // the last expected completion time the leader spun past
+	slept    bool  // the leader slept since it last ran dry
 
 	cur      atomic.Uint64 // sequence number of the leader's inline request; 0: none
 	tid      atomic.Int32  // the leader's thread id
 	curStart atomic.Int64  // when it started (Server.clock), for the watchdog
 	sleeping atomic.Int32
-	expect   atomic.Int64          // Server.clock time until which a reply is expected (stack.Continuing)
-	expectBy atomic.Pointer[entry] // the entry whose request last said when it completes (stack.Expecting)
+	expect   atomic.Int64          // Server.clock time until which a reply is expected (hints.Continuing)
+	expectBy atomic.Pointer[entry] // the entry whose request last said when it completes (hints.Expecting)
 	done     atomic.Pointer[entry] // entries answered off the leader
 	stopping atomic.Bool
 
@@ -72,7 +73,6 @@ func newQueue(s *Server, id int, r ring, mem []byte) *queue {
 	q := &queue{s: s, id: id, r: r, mem: mem, standby: make(chan struct{}, 1<<16)}
 	q.ent = s.newEntries(q, mem)
 	q.pending = make([]*entry, 0, len(q.ent))
-	q.poll.init(s.cfg.Poll)
 	return q
 }
 
@@ -284,20 +284,19 @@ func (q *queue) lead(bound bool) bool {
 			continue
 		}
 		if q.reap() > 0 {
+			if q.slept {
+				// Requests woke the leader, which slept since
+				// it ran dry: a gap its wake-up is part of.
+				q.slept = false
+				q.s.poll.woke(&q.poll, q.s.clock.Nanotime())
+			}
 			continue
 		}
 		if q.dead >= len(q.ent) || q.stopping.Load() {
 			return false
 		}
-		if w := q.poll.window(); w > 0 {
-			if q.r.queued() > 0 {
-				q.r.submit()
-			}
-			hit := q.spin(w)
-			q.poll.polled(hit)
-			if hit {
-				continue
-			}
+		if q.pollDry() {
+			continue
 		}
 		if until := q.expect.Load(); until != 0 {
 			// A waiting request said it completes soon: spin for
@@ -306,7 +305,7 @@ func (q *queue) lead(bound bool) bool {
 				if q.r.queued() > 0 {
 					q.r.submit()
 				}
-				if q.spin(w) {
+				if hit, _ := q.spin(w, false); hit {
 					continue
 				}
 			}
@@ -323,7 +322,7 @@ func (q *queue) lead(bound bool) bool {
 				if q.r.queued() > 0 {
 					q.r.submit()
 				}
-				if q.spin(at + int64(stack.ContinueLead) - now) {
+				if hit, _ := q.spin(at+int64(hints.ContinueLead)-now, false); hit {
 					continue
 				}
 				q.expired = at
@@ -340,23 +339,53 @@ func (q *queue) lead(bound bool) bool {
 			return false
 		}
 		q.sleeping.Store(0)
+		q.slept = true
 	}
 }
 
+// pollDry runs when the leader ran dry: it asks the daemon's polling
+// policy whether to spin, spins, and tells the policy what came of it. It
+// reports whether the spin found something to do.
+func (q *queue) pollDry() bool {
+	p := &q.s.poll
+	now := q.s.clock.Nanotime()
+	q.slept = false
+	w, probe := p.dry(&q.poll, now, q.s.others(q))
+	if w <= 0 {
+		return false
+	}
+	if q.r.queued() > 0 {
+		q.r.submit()
+	}
+	hit, contended := q.spin(w, true)
+	p.spun(&q.poll, q.s.clock.Nanotime(), hit, q.s.others(q), contended, probe)
+	return hit
+}
+
 // spin polls the completion queue and the finished list for up to w
-// nanoseconds. Between looks it yields the CPU (sched_yield), so that a
-// thread that is ready to run on this CPU, often the application that
-// issues the requests, runs first: polling uses only a CPU nobody else
-// wants.
-func (q *queue) spin(w int64) bool {
-	end := q.s.clock.Nanotime() + w
+// nanoseconds, and reports whether it found something to do. Between looks
+// it yields the CPU (sched_yield), so that a thread that is ready to run on
+// this CPU, often the application that issues the requests, runs first:
+// polling uses only a CPU nobody else wants. If yield watches for that, a
+// look that comes contendedAfter or more after the one before ends the spin
+// and reports contention: another thread held the CPU for a time slice.
+// Spins for an expected reply (yield false) go on regardless.
+func (q *queue) spin(w int64, yield bool) (hit, contended bool) {
+	start := q.s.clock.Nanotime()
+	end, last := start+w, start
+	defer func() { q.poll.spunFor(q.s.clock.Nanotime() - start) }()
 	for {
 		if q.r.ready() || q.done.Load() != nil || q.stopping.Load() {
-			return true
+			return true, false
 		}
-		if q.s.clock.Nanotime() > end {
-			return false
+		now := q.s.clock.Nanotime()
+		if yield && now-last >= contendedAfter {
+			return false, true
 		}
+		if now > end {
+			return false, false
+		}
+		last = now
 		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
 }
@@ -422,7 +451,7 @@ func (e *entry) inline() bool {
 	return e.seq != 0 && e.q.cur.Load() == e.seq
 }
 
-// Waiting implements stack.Waiter: the request held by e is about to wait,
+// Waiting implements hints.Waiter: the request held by e is about to wait,
 // so the queue goes to another thread now.
 func (e *entry) Waiting() {
 	if e.q.giveUp(e.seq) {
@@ -430,8 +459,8 @@ func (e *entry) Waiting() {
 	}
 }
 
-// Continuing implements stack.Continuer: the request held by e, which
-// waits off the leader's thread, completes within stack.ContinueLead. The
+// Continuing implements hints.Continuer: the request held by e, which
+// waits off the leader's thread, completes within hints.ContinueLead. The
 // leader, woken now if it sleeps, spins until then, so that it is awake to
 // commit the reply at once: waking a sleeping thread takes tens of
 // microseconds, more on an idle virtual CPU.
@@ -450,7 +479,7 @@ func (e *entry) Continuing() {
 	if q.away() > 1 {
 		return
 	}
-	until := q.s.clock.Nanotime() + int64(stack.ContinueLead)
+	until := q.s.clock.Nanotime() + int64(hints.ContinueLead)
 	for {
 		old := q.expect.Load()
 		if old >= until || q.expect.CompareAndSwap(old, until) {
@@ -483,7 +512,7 @@ func (q *queue) expected() int64 {
 	return at
 }
 
-// Expecting implements stack.Expecter: the request held by e, which waits,
+// Expecting implements hints.Expecter: the request held by e, which waits,
 // expects to complete d from now. A leader that sleeps without a timeout
 // is woken to set one.
 func (e *entry) Expecting(d time.Duration) {
@@ -492,80 +521,5 @@ func (e *entry) Expecting(d time.Duration) {
 	q.expectBy.Store(e)
 	if !e.inline() {
 		q.wake() // the leader may be asleep already
-	}
-}
-
-// poller decides how long the leader polls for its next request before it
-// sleeps. As dm's bio polling (one poller per hardware queue at a time,
-// polled only while I/O is expected on it, the gain largest at low queue
-// depth), a queue polls only while work is expected and the queue is
-// shallow: when it
-// ran dry after at most maxBurst requests, and while its polls find
-// requests. After two polls in a row found none, it polls only on every
-// probeEvery-th time it runs dry, until a poll finds a request again; an
-// idle queue sleeps in io_uring_enter and does not poll at all. A deep
-// queue (more requests between two dry moments) sleeps: its wake-ups are
-// shared by many requests, and a poller would take CPU time from the
-// application. Only the queue's leader polls its ring.
-type poller struct {
-	mode   int8  // pollAdaptive, pollFixed or pollOff
-	win    int64 // the window, ns
-	burst  int   // requests handled since the queue last ran dry
-	misses int   // polls in a row that found nothing
-	skip   int   // times the queue ran dry without polling since the last poll
-}
-
-// maxBurst is the most requests between two dry moments of a queue that
-// adaptive polling takes for a shallow queue.
-const maxBurst = 2
-
-const (
-	pollAdaptive = iota
-	pollFixed
-	pollOff
-)
-
-// probeEvery is how often a queue whose polls keep missing polls anyway.
-const probeEvery = 32
-
-func (p *poller) init(cfg time.Duration) {
-	switch {
-	case cfg < 0:
-		p.mode = pollOff
-	case cfg == 0:
-		p.mode, p.win = pollAdaptive, int64(DefaultPollWindow)
-	default:
-		p.mode, p.win = pollFixed, int64(cfg)
-	}
-}
-
-// window returns how long to spin now that the queue ran dry.
-func (p *poller) window() int64 {
-	switch p.mode {
-	case pollOff:
-		return 0
-	case pollFixed:
-		return p.win
-	}
-	burst := p.burst
-	p.burst = 0
-	if burst > maxBurst {
-		return 0
-	}
-	if p.misses >= 2 {
-		if p.skip++; p.skip < probeEvery {
-			return 0
-		}
-	}
-	p.skip = 0
-	return p.win
-}
-
-// polled records whether a poll found work.
-func (p *poller) polled(hit bool) {
-	if hit {
-		p.misses = 0
-	} else {
-		p.misses++
 	}
 }

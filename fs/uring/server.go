@@ -15,8 +15,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/clock"
+	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/hints"
 )
 
 // Defaults.
@@ -28,8 +28,8 @@ const (
 	// entry (78% of 64/delay against 95% with 64), and 64 cost nothing
 	// at 2x32 on a fast device (1.02x).
 	DefaultDepth = 64
-	// DefaultPollWindow is how long a queue polls for its next request in
-	// adaptive polling (Config.Poll 0).
+	// DefaultPollWindow is the longest a queue polls for its next request
+	// in adaptive polling (Config.Poll 0).
 	DefaultPollWindow = 50 * time.Microsecond
 	// DefaultSubmitBatch is Config.SubmitBatch's default: the replies a
 	// queue holds before it submits them, unless it runs dry first (2x32
@@ -57,10 +57,11 @@ type Config struct {
 	// wants at least max(8192, max_write, max_pages x page size).
 	PayloadSize int
 	// Poll is how a queue's thread waits for its next request. 0 polls
-	// adaptively: up to DefaultPollWindow each time the queue runs dry,
-	// while its polls find requests (see poller), so an idle daemon burns
-	// no CPU. A positive value polls up to that long every time, PollOff
-	// never polls.
+	// adaptively: up to DefaultPollWindow when the queue runs dry, while
+	// the daemon's recent requests, on any queue, came in quick succession
+	// and the CPU is not contended (see pollPolicy), so that sparse I/O
+	// and an idle daemon burn no CPU. A positive value polls up to that
+	// long every time the CPU is not contended, PollOff never polls.
 	Poll time.Duration
 	// Clock is the time source of the watchdog and of polling (nil: the
 	// monotonic clock).
@@ -95,7 +96,7 @@ type Config struct {
 	// it submits what it has whenever it runs dry.
 	SubmitBatch int
 	// ExpectMargin: when a queue's only request says when it will
-	// complete (stack.Expecting), the queue's thread sleeps until this long
+	// complete (hints.Expecting), the queue's thread sleeps until this long
 	// before that time, then spins for the reply, so that it is awake to
 	// commit it at once and the application's CPU is awake to take it
 	// (DefaultExpectMargin if 0; negative: it sleeps until woken).
@@ -127,6 +128,7 @@ type Server struct {
 	fs     fuse.RawFileSystem
 
 	expectMargin int64 // Config.ExpectMargin, ns; negative: off
+	poll         pollPolicy
 
 	// byCancel maps each entry's cancel channel to the entry, for Context;
 	// replaced as a whole (under mu) when an interrupt renews a channel.
@@ -150,13 +152,6 @@ type Server struct {
 	dog      *watchdog
 	done     chan struct{}
 }
-
-// monotonic is the default clock: nanoseconds since the package started.
-type monotonic struct{}
-
-var epoch = time.Now()
-
-func (monotonic) Nanotime() int64 { return int64(time.Since(epoch)) + 1 }
 
 // Queues returns the number of queues the kernel wants: one per possible CPU.
 func Queues() int {
@@ -259,9 +254,10 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 		}
 	}
 	if s.clock == nil {
-		s.clock = monotonic{}
+		s.clock = clock.System
 	}
 	s.dog = newWatchdog(s, int64(cfg.TakeoverAfter))
+	s.poll.init(cfg.Poll)
 	m := make(map[<-chan struct{}]*entry, len(rings)*cfg.Depth)
 	for i, r := range rings {
 		q := newQueue(s, i, r, mems[i])
@@ -272,6 +268,17 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	}
 	s.byCancel.Store(&m)
 	return s
+}
+
+// others returns how many requests the queues other than q have received.
+func (s *Server) others(q *queue) uint64 {
+	var n uint64
+	for _, o := range s.queues {
+		if o != q {
+			n += o.requests.Load()
+		}
+	}
+	return n
 }
 
 // release frees rings and buffers of queues that have no threads.
@@ -285,9 +292,18 @@ func (s *Server) release() {
 	}
 }
 
-// uringExtraProcs is how many Ps the transport adds per queue to the one
-// per CPU (see Start).
-const uringExtraProcs = 3
+// procsPerQueue is how many Ps the transport wants per queue on top of one
+// per CPU (Procs).
+const procsPerQueue = 3
+
+// Procs returns how many Ps the server wants on top of one per CPU, for the
+// daemon to raise GOMAXPROCS by. Threads that wait in a system call hold their
+// P until the runtime's sysmon takes it back: each queue's leader in
+// io_uring_enter, and the requests that wait on threads of their own (a
+// delayed one parked in futex), as many as a queue hands over. Three per
+// queue, by measurement: the multipath suite of test/bench with one fast and
+// three delayed paths (docs/benchmarks.md).
+func (s *Server) Procs() int { return procsPerQueue * len(s.queues) }
 
 // Start registers every entry of every queue on the connection of the
 // /dev/fuse descriptor fd (which must have answered FUSE_INIT with
@@ -301,14 +317,6 @@ func (s *Server) Start(fd int, fs fuse.RawFileSystem) error {
 		return err
 	}
 	s.fd = nfd
-	// Threads that wait in a system call hold their P until sysmon takes
-	// it back: each queue's leader in io_uring_enter, and the requests
-	// that wait on threads of their own (a delayed one parked in futex),
-	// as many as a queue hands over. Three Ps per queue on top of one
-	// per CPU, by measurement: on 2 CPUs, 8 Ps instead of 4 took
-	// multipath over one fast and three delayed paths from 0.66 to
-	// 0.78-0.83 of the fast path alone (docs/benchmarks.md).
-	stack.RaiseProcs(uringExtraProcs * len(s.queues))
 	for _, q := range s.queues {
 		if r, ok := q.r.(*sysRing); ok {
 			r.dev = nfd
@@ -376,10 +384,11 @@ func (s *Server) Wait() {
 	<-s.done
 }
 
-// Stats counts a Server's hand-offs: a queue going to another thread.
+// Stats counts a Server's hand-offs (a queue going to another thread) and
+// describes its polling.
 type Stats struct {
 	// Waiting counts hand-offs because a request said it waits
-	// (stack.Waiting); Watchdog those because a request held a queue's
+	// (hints.Waiting); Watchdog those because a request held a queue's
 	// thread for longer than the watchdog allows.
 	Waiting, Watchdog uint64
 	// Threads is the number of threads the queues have (leaders and
@@ -392,16 +401,32 @@ type Stats struct {
 	// Interrupts counts FUSE_INTERRUPTs that reached a ring request
 	// (Interrupt closed its cancel channel).
 	Interrupts uint64
+	// Polls counts the spins of queues that ran dry because the polling
+	// policy expected a request soon (or the window is fixed), Probes
+	// those that tested whether requests come densely again; PollHits
+	// those of either kind that found a request on their queue, and
+	// PollContended those cut short because another thread wanted the
+	// CPU (see pollPolicy). PollTime is the time the queues spent
+	// spinning, for requests and for replies of waiting requests.
+	Polls, Probes, PollHits, PollContended uint64
+	PollTime                               time.Duration
+	// Polling says whether a queue that runs dry now would poll.
+	Polling bool
 }
 
 // Stats returns the hand-off counts so far.
 func (s *Server) Stats() Stats {
-	st := Stats{Interrupts: s.interrupts.Load()}
+	st := Stats{Interrupts: s.interrupts.Load(), Polling: s.poll.predicts(s.clock.Nanotime())}
 	for _, q := range s.queues {
 		st.Waiting += q.hinted.Load()
 		st.Watchdog += q.takenOver.Load()
 		st.Offloaded += q.offloaded.Load()
 		st.Requests = append(st.Requests, q.requests.Load())
+		st.Polls += q.poll.polls.Load()
+		st.Probes += q.poll.probes.Load()
+		st.PollHits += q.poll.hits.Load()
+		st.PollContended += q.poll.contended.Load()
+		st.PollTime += time.Duration(q.poll.spun.Load())
 		q.mu.Lock()
 		st.Threads += q.threads
 		q.mu.Unlock()
@@ -412,7 +437,7 @@ func (s *Server) Stats() Stats {
 // Context returns the context for the device I/O of the ring request whose
 // cancel channel (the one the transport handed to the RawFileSystem) is
 // cancel: Config.IOContext, or FUAContext for a WRITE with O_DSYNC, carrying
-// the request's stack.Waiter. It returns nil for a channel of no ring
+// the request's hints.Waiter. It returns nil for a channel of no ring
 // request (one from go-fuse's /dev/fuse loop).
 func (s *Server) Context(cancel <-chan struct{}) context.Context {
 	e := (*s.byCancel.Load())[cancel]
@@ -574,8 +599,8 @@ func (s *Server) newEntries(q *queue, mem []byte) []entry {
 		if s.cfg.Interruptible {
 			io, fua = &interruptible{io, e}, &interruptible{fua, e}
 		}
-		e.ioCtx = stack.WithWaiter(io, e)
-		e.fuaCtx = stack.WithWaiter(fua, e)
+		e.ioCtx = hints.WithWaiter(io, e)
+		e.fuaCtx = hints.WithWaiter(fua, e)
 	}
 	return ents
 }

@@ -6,7 +6,7 @@ import (
 )
 
 // watchdog is the safety net for requests that wait without saying so
-// (stack.Waiting): it hands a queue to another thread when the leader's
+// (hints.Waiting): it hands a queue to another thread when the leader's
 // inline request has run for longer than after, so that the queue's other
 // requests keep flowing. It ticks every after while a request runs, and
 // parks after watchdogIdleTicks ticks with none, so an idle daemon burns no

@@ -1,8 +1,7 @@
 // Package stacktest holds the test doubles shared by dmfuse's packages and a
 // conformance suite that every target type runs.
 //
-// The doubles are an in-memory block device (MemDevice), a manual clock
-// (ManualClock) and an Opener that resolves the device arguments of tables
+// The doubles are an in-memory block device (MemDevice) and an Opener that resolves the device arguments of tables
 // from a map, failing for a missing name as the Manager's own lookup does.
 //
 // The suite builds devices of a target type through a stack.Manager, over
@@ -13,10 +12,12 @@
 // makes it usable over memory devices and what the type does with data; a
 // check that does not apply to a type is declared there, with the reason, and
 // reported as skipped with that reason. A new target type needs one entry in
-// Cases, and RunRegistry fails for a registered type without one:
+// Cases, and RunRegistry fails for a registered type without one. The test
+// of package internal/targets runs the suite on the list of every type
+// dmfuse registers:
 //
 //	func TestConformance(t *testing.T) {
-//		reg, _ := stack.NewRegistry(stack.Linear, ..., delay.Type)
+//		reg, _ := stack.NewRegistry(targets.All()...)
 //		stacktest.RunRegistry(t, reg)
 //	}
 package stacktest

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/selectors"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/internal/memdev"
 )
@@ -22,14 +21,6 @@ var _ stack.BlockDevice = (*MemDevice)(nil)
 // NewMemDevice returns a zero-filled memory device of size bytes that tables
 // and status print as name.
 func NewMemDevice(name string, size int64) *MemDevice { return memdev.New(name, size) }
-
-// ManualClock is a clock that moves only when told to (Set, Advance); its
-// zero value reads 0. It serves as a stack.Clock, a stats.Clock and a
-// selectors.Clock. It is the selectors package's manual clock, which that
-// package's own tests use too.
-type ManualClock = selectors.ManualClock
-
-var _ stack.Clock = (*ManualClock)(nil)
 
 // majMin is how the manager tells a MAJOR:MINOR argument.
 var majMin = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -64,6 +65,15 @@ type Case struct {
 	// the suite's Opener resolves, or a file beside the backing file. It is
 	// for types whose line names two devices (log-writes: data and log).
 	Aux int64
+	// Caches is set for types with a volatile write cache (powercut): a
+	// completed write need reach the segment's device only at the next
+	// flush, so the checks flush the device before they look at the
+	// devices below.
+	Caches bool
+
+	// mount is the Suite's Mount, which the checks reach their devices
+	// through.
+	mount Mount
 }
 
 // AuxSuffix is what a Case's Params appends to its device argument to name
@@ -94,12 +104,34 @@ var Cases = map[string]Case{
 	"dust": {Params: func(dev string) string { return dev + " 0 512" }, InfoNamesDevices: true},
 	// A delay of 0 ms passes I/O straight through.
 	"delay": {Params: func(dev string) string { return dev + " 0 0" }},
+	// The default cache bound (32 MiB) holds everything the checks write:
+	// writes reach the device at flushes and at the suspend of a reload.
+	"powercut": {Params: func(dev string) string { return dev + " 0" }, Caches: true},
 	// One priority group of one path, round-robin.
 	"multipath": {Params: func(dev string) string { return "0 0 1 1 round-robin 0 1 1 " + dev + " 1" }, InfoNamesDevices: true,
 		NotApplicable: map[string]string{
 			"SegmentOffsets": "multipath is a singleton type: alone in its table, so its segment always starts at sector 0",
 		}},
+	// A pool with its metadata on the second device: the pool device maps
+	// its own I/O onto the data device 1:1.
+	"thin-pool": {Params: func(dev string) string { return dev + AuxSuffix + " " + dev + " 128 0" }, Aux: 4 << 20,
+		NotApplicable: map[string]string{
+			"SegmentOffsets": "thin-pool is a singleton type: alone in its table, so its segment always starts at sector 0",
+		}},
+	// What a thin line over a pool device dev with device 1 would be.
+	"thin": {Params: func(dev string) string { return dev + " 1" }, NotApplicable: map[string]string{
+		"ShortReadAtEnd":       thinNeedsPool,
+		"SegmentOffsets":       thinNeedsPool,
+		"ConcurrentIO":         thinNeedsPool,
+		"FlushReachesDevices":  thinNeedsPool,
+		"TableRoundTrip":       thinNeedsPool,
+		"EscapedPathRoundTrip": thinNeedsPool,
+		"StatusInfoFormat":     thinNeedsPool,
+	}},
 }
+
+// thinNeedsPool is why no check of the suite applies to thin.
+const thinNeedsPool = "a thin device needs a thin-pool device of the same manager and a create_thin message, which a one-type table over plain devices cannot give; package thin's tests and test/thin_test.go cover it"
 
 // Check is one conformance check of typ, set up as c says.
 //
@@ -118,11 +150,44 @@ var All = map[string]Check{
 	"StatusInfoFormat":     StatusInfoFormat,
 }
 
+// Run runs every check of All on typ as a subtest, in name order, on the
+// devices in process. A check that c declares not applicable is skipped
+// with the declared reason; a declaration naming no check of All is an
+// error.
+func Run(t *testing.T, typ *stack.TargetType, c Case) {
+	t.Helper()
+	Suite{}.Run(t, typ, c)
+}
+
+// RunRegistry runs the suite on every type of reg with its Case from Cases,
+// one subtest per type, on the devices in process. A registered type that
+// Cases does not know fails.
+func RunRegistry(t *testing.T, reg *stack.Registry) {
+	t.Helper()
+	Suite{}.RunRegistry(t, reg)
+}
+
+// Mount serves the devices of m as files in a folder, as dmfuse's fs
+// layer does, for as long as the test runs, and returns the folder: the
+// device called NAME is the file NAME in it.
+type Mount func(t testing.TB, m *stack.Manager) string
+
+// Suite is the conformance suite with its way to the devices.
+type Suite struct {
+	// Mount, when set, makes every check do the I/O of the device under
+	// test through the device's file on a mount (pread, pwrite, fsync),
+	// so that what the suite checks in process is checked at the file
+	// users open. Tables, status and the devices below are still looked
+	// at in process.
+	Mount Mount
+}
+
 // Run runs every check of All on typ as a subtest, in name order. A check
 // that c declares not applicable is skipped with the declared reason; a
 // declaration naming no check of All is an error.
-func Run(t *testing.T, typ *stack.TargetType, c Case) {
+func (s Suite) Run(t *testing.T, typ *stack.TargetType, c Case) {
 	t.Helper()
+	c.mount = s.Mount
 	for name := range c.NotApplicable {
 		if _, ok := All[name]; !ok {
 			t.Errorf("%s: NotApplicable names %q, which is no check of the suite", typ.Name, name)
@@ -145,7 +210,7 @@ func Run(t *testing.T, typ *stack.TargetType, c Case) {
 
 // RunRegistry runs the suite on every type of reg with its Case from Cases,
 // one subtest per type. A registered type that Cases does not know fails.
-func RunRegistry(t *testing.T, reg *stack.Registry) {
+func (s Suite) RunRegistry(t *testing.T, reg *stack.Registry) {
 	t.Helper()
 	for _, typ := range reg.Types() {
 		t.Run(typ.Name, func(t *testing.T) {
@@ -153,7 +218,7 @@ func RunRegistry(t *testing.T, reg *stack.Registry) {
 			if !ok {
 				t.Fatalf("target type %s has no entry in stacktest.Cases: add the table line that makes it usable over memory devices", typ.Name)
 			}
-			Run(t, typ, c)
+			s.Run(t, typ, c)
 		})
 	}
 }
@@ -168,11 +233,14 @@ const segBytes = segSectors * stack.SectorSize
 // env is one device of the type under test, over backing devices of one
 // segment each.
 type env struct {
-	t    testing.TB
-	typ  *stack.TargetType
-	c    Case
-	mgr  *stack.Manager
-	dev  *stack.Device
+	t   testing.TB
+	typ *stack.TargetType
+	c   Case
+	mgr *stack.Manager
+	dev *stack.Device
+	// io is how the checks do I/O to dev: dev itself, or its file on the
+	// Suite's mount.
+	io   deviceIO
 	mems []*MemDevice // memory backing devices, one per segment (newMemEnv)
 	// names are what each segment's device prints as: a memory device's
 	// name or a backing file's absolute path.
@@ -197,10 +265,14 @@ func newManager(t testing.TB, typ *stack.TargetType) *stack.Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &ManualClock{}
-	clock.Set(1e9)
-	m := stack.NewManager(context.Background(), reg, clock)
-	t.Cleanup(m.RemoveAll)
+	clk := &clock.Manual{}
+	clk.Set(1e9)
+	m := stack.NewManager(context.Background(), reg, clk)
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return m
 }
 
@@ -266,7 +338,22 @@ func (e *env) create() {
 	if err != nil {
 		e.t.Fatalf("create %s over %q:\n%s: %v", e.typ.Name, e.names, text, err)
 	}
-	e.dev = d
+	e.dev, e.io = d, d
+	if e.c.mount != nil {
+		e.io = openFileIO(e.t, filepath.Join(e.c.mount(e.t, e.mgr), envName))
+	}
+}
+
+// settle flushes a device of a type with a write cache (Case.Caches), so
+// that what was written is on the devices below.
+func (e *env) settle() {
+	e.t.Helper()
+	if !e.c.Caches {
+		return
+	}
+	if err := e.io.Flush(context.Background()); err != nil {
+		e.t.Fatalf("flush: %v", err)
+	}
 }
 
 // pattern returns n random bytes from seed.
@@ -286,7 +373,7 @@ func pattern(seed uint64, n int) []byte {
 // what the type does with data.
 func (e *env) write(p []byte, off int64) {
 	e.t.Helper()
-	n, err := e.dev.WriteAt(context.Background(), p, off)
+	n, err := e.io.WriteAt(context.Background(), p, off)
 	e.checkIO("write", n, err, len(p), off)
 }
 
@@ -295,7 +382,7 @@ func (e *env) write(p []byte, off int64) {
 func (e *env) read(want []byte, off int64) {
 	e.t.Helper()
 	got := make([]byte, len(want))
-	n, err := e.dev.ReadAt(context.Background(), got, off)
+	n, err := e.io.ReadAt(context.Background(), got, off)
 	if e.checkIO("read", n, err, len(want), off) && !bytes.Equal(got, want) {
 		e.t.Errorf("read of %d bytes at %d: data differs from the model at byte %d", len(want), off, firstDiff(got, want))
 	}
@@ -346,10 +433,10 @@ func ShortReadAtEnd(t testing.TB, typ *stack.TargetType, c Case) {
 	const tail = 4096
 	p := pattern(1, 2*tail)
 	// A write crossing the end is short.
-	n, err := e.dev.WriteAt(ctx, p, size-tail)
+	n, err := e.io.WriteAt(ctx, p, size-tail)
 	e.checkIO("write crossing the end", n, err, tail, size-tail)
 	// One at the end has no room.
-	if n, err := e.dev.WriteAt(ctx, p[:stack.SectorSize], size); n != 0 || !errors.Is(err, syscall.ENOSPC) {
+	if n, err := e.io.WriteAt(ctx, p[:stack.SectorSize], size); n != 0 || !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("write at the end: %d, %v; want 0, ENOSPC", n, err)
 	}
 	want := make([]byte, tail)
@@ -357,7 +444,7 @@ func ShortReadAtEnd(t testing.TB, typ *stack.TargetType, c Case) {
 		copy(want, p)
 	}
 	buf := bytes.Repeat([]byte{0xa5}, 2*tail)
-	n, err = e.dev.ReadAt(ctx, buf, size-tail)
+	n, err = e.io.ReadAt(ctx, buf, size-tail)
 	if e.checkIO("read crossing the end", n, err, tail, size-tail) && !bytes.Equal(buf[:tail], want) {
 		t.Errorf("read crossing the end: data differs at byte %d", firstDiff(buf[:tail], want))
 	}
@@ -365,7 +452,7 @@ func ShortReadAtEnd(t testing.TB, typ *stack.TargetType, c Case) {
 		t.Errorf("read crossing the end wrote into the buffer past the end")
 	}
 	for _, off := range []int64{size, size + stack.SectorSize} {
-		if n, err := e.dev.ReadAt(ctx, buf, off); n != 0 || err != nil {
+		if n, err := e.io.ReadAt(ctx, buf, off); n != 0 || err != nil {
 			t.Errorf("read at %d (device size %d): %d, %v; want 0, nil (EOF)", off, size, n, err)
 		}
 	}
@@ -402,6 +489,7 @@ func SegmentOffsets(t testing.TB, typ *stack.TargetType, c Case) {
 	if t.Failed() {
 		return
 	}
+	e.settle()
 	for i, m := range e.mems {
 		seg := model[int64(i)*segBytes : int64(i+1)*segBytes]
 		if !bytes.Equal(m.Bytes(), seg) {
@@ -455,7 +543,7 @@ func ConcurrentIO(t testing.TB, typ *stack.TargetType, c Case) {
 				case op < 9:
 					e.read(model[off:off+n], off)
 				default:
-					if err := e.dev.Flush(ctx); err != nil {
+					if err := e.io.Flush(ctx); err != nil {
 						t.Errorf("flush: %v", err)
 					}
 				}
@@ -468,6 +556,7 @@ func ConcurrentIO(t testing.TB, typ *stack.TargetType, c Case) {
 	}
 	e.read(model, 0)
 	if c.Data == Stores {
+		e.settle()
 		for i, m := range e.mems {
 			seg := model[int64(i)*segBytes : int64(i+1)*segBytes]
 			if !bytes.Equal(m.Bytes(), seg) {
@@ -490,7 +579,7 @@ func FlushReachesDevices(t testing.TB, typ *stack.TargetType, c Case) {
 	for i, m := range e.mems {
 		before[i] = m.Flushes()
 	}
-	if err := e.dev.Flush(context.Background()); err != nil {
+	if err := e.io.Flush(context.Background()); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
 	for i, m := range e.mems {
@@ -624,7 +713,7 @@ func StatusInfoFormat(t testing.TB, typ *stack.TargetType, c Case) {
 		p = make([]byte, len(p))
 	}
 	e.read(p, size-8192)
-	if err := e.dev.Flush(context.Background()); err != nil {
+	if err := e.io.Flush(context.Background()); err != nil {
 		t.Errorf("flush: %v", err)
 	}
 	out := e.dev.FormatTable(stack.StatusInfo, false)

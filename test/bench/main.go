@@ -37,7 +37,7 @@
 //
 // # The io_uring suites
 //
-//	go run ./test/bench -suite uring|transports,multipath,delay,idle,floor [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D]
+//	go run ./test/bench -suite uring|transports,poll,multipath,delay,idle,floor [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D]
 //
 // compare dmfuse's transports instead. Each config of -configs
 // (NAME[@REV]=FLAGS, separated by ';'; by default dev, uring and uring-poll:
@@ -54,6 +54,11 @@
 //     device with direct I/O over the same file; ratios to the first config
 //     and to the loop device; latency, daemon CPU (utime+stime of
 //     /proc/PID/stat over the middle of the run) and CPU per 1k IOPS.
+//   - poll: 4k randread psync QD1 limited to 1k, 5k and 20k requests a
+//     second (daemon CPU, p50 and p99 latency), and QD1 and 2x32 randread
+//     while a CPU-bound process runs on every CPU (IOPS against the config
+//     named uring-0, meant to be --transport=uring --poll=0; the config
+//     named uring is held to the goals).
 //   - multipath: 4k randread libaio 2x16 on historical-service-time over one
 //     fast path (linear) and three delayed ones (-mp-delay ms), on multipath
 //     over the fast path alone, and on the fast path itself.
@@ -127,7 +132,7 @@ type sample struct {
 func main() {
 	floorPeer()
 	var (
-		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,multipath,delay,idle,floor")
+		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,poll,multipath,delay,idle,floor")
 		devices = flag.String("devices", strings.Join(allDevices, ","), "devices to measure against the baseline")
 		jobs    = flag.String("jobs", jobNames(), "fio jobs to run (devices and transports suites)")
 		pairs   = flag.Int("pairs", 5, "interleaved (baseline, device) pairs per job and device")

@@ -20,7 +20,7 @@ import (
 // its own (a "config": a name, mount flags, optionally a git revision to
 // build), mounted side by side over the same tmpfs file, in interleaved
 // rounds.
-var uringSuites = []string{"transports", "multipath", "delay", "idle", "floor"}
+var uringSuites = []string{"transports", "poll", "multipath", "delay", "idle", "floor"}
 
 const defaultConfigs = "dev=--transport=dev;uring=--transport=uring;uring-poll=--transport=uring --poll=50us"
 
@@ -153,6 +153,8 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 		switch s {
 		case "transports":
 			err = b.transports(ctx)
+		case "poll":
+			err = b.poll(ctx)
 		case "multipath":
 			err = b.multipath(ctx)
 		case "delay":
@@ -277,6 +279,7 @@ func (b *ubench) table() string {
 type urun struct {
 	iops, mbps    float64
 	meanUs, p99Us float64 // submission to completion
+	p50Us         float64
 	clatUs        float64 // mean completion latency
 	cpu, machine  float64 // cores: the daemon's, and the whole machine's busy
 	switches      float64 // the whole machine's context switches per second
@@ -313,6 +316,7 @@ func (b *ubench) fio(ctx context.Context, j job, c *config, dev string, rt time.
 		d = r.Write
 	}
 	res := urun{iops: d.IOPS, mbps: d.BWBytes / 1e6, meanUs: d.Lat.Mean / 1e3, p99Us: d.Lat.Percentile["99.000000"] / 1e3,
+		p50Us:  d.Lat.Percentile["50.000000"] / 1e3,
 		clatUs: d.Clat.Mean / 1e3}
 	u := cpu()
 	res.cpu, res.machine, res.switches = u.Proc, u.Machine, u.Switches

@@ -14,6 +14,8 @@ package metadata
 import (
 	"context"
 	"errors"
+
+	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
 )
 
 // Errors the Store returns. The thin target maps them to the kernel's
@@ -27,15 +29,15 @@ var (
 	// ErrNoDevice: no thin device with that id.
 	ErrNoDevice = errors.New("no such device")
 	// ErrNoSpace: no free data (or metadata) block.
-	ErrNoSpace = errors.New("no free space")
+	ErrNoSpace = errs.ErrNoSpace
 	// ErrReadOnly: the store was opened or set read-only.
-	ErrReadOnly = errors.New("metadata is read-only")
+	ErrReadOnly = errs.ErrReadOnly
 	// ErrBusy: a thin device is open, or a metadata snapshot is
 	// already held.
 	ErrBusy = errors.New("device or metadata snapshot busy")
 	// ErrCorrupt wraps every error that says the metadata on the device
 	// is damaged (bad checksum, bad magic, a block out of range).
-	ErrCorrupt = errors.New("metadata corrupt")
+	ErrCorrupt = errs.ErrCorrupt
 )
 
 // Device is the metadata device: fixed-size 4 KiB blocks read and written

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package clock
+
+func monotonicBase() int64 { return fallbackBase }

@@ -1,5 +1,0 @@
-//go:build !linux
-
-package selectors
-
-func monotonicBase() int64 { return fallbackBase }

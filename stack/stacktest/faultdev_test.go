@@ -1,0 +1,126 @@
+package stacktest_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
+)
+
+// TestFaultDeviceRules: a rule fails only the operations and the range it
+// names, only after its After I/Os and only Times times; removing it lets
+// I/O through again; Count counts every I/O that reached the device, failed
+// ones included; hooks see each I/O they fire on.
+func TestFaultDeviceRules(t *testing.T) {
+	ctx := context.Background()
+	d, mem := stacktest.NewMemFaultDevice("f", 1<<20)
+	if d.Name() != "f" || d.Size() != 1<<20 || d.Device() != stack.BlockDevice(mem) {
+		t.Fatalf("name %q size %d", d.Name(), d.Size())
+	}
+	p := bytes.Repeat([]byte{1}, 4096)
+	r := d.Inject(stacktest.Rule{Ops: stacktest.OpWrite, Off: 8192, Len: 4096, After: 1, Times: 2, Err: syscall.ENOSPC})
+	want := []error{nil, nil, syscall.ENOSPC, syscall.ENOSPC, nil}
+	offs := []int64{0, 8192, 4096 + 2048, 8192 + 4095, 8192}
+	for i, off := range offs {
+		_, err := d.WriteAt(ctx, p, off)
+		if !errors.Is(err, want[i]) || (want[i] == nil) != (err == nil) {
+			t.Errorf("write %d at %d: %v, want %v", i, off, err, want[i])
+		}
+	}
+	if r.Fired() != 2 {
+		t.Errorf("fired %d times, want 2", r.Fired())
+	}
+	// Reads are not in the rule's ops.
+	if _, err := d.ReadAt(ctx, make([]byte, 4096), 8192); err != nil {
+		t.Errorf("read: %v", err)
+	}
+	all := d.Fail(stacktest.OpAll, syscall.EIO)
+	if err := d.Flush(ctx); !errors.Is(err, syscall.EIO) {
+		t.Errorf("flush under a rule on every op: %v", err)
+	}
+	if err := d.Discard(ctx, 0, 512); !errors.Is(err, syscall.EIO) {
+		t.Errorf("discard: %v", err)
+	}
+	if err := d.WriteZeroes(ctx, 0, 512); !errors.Is(err, syscall.EIO) {
+		t.Errorf("write-zeroes: %v", err)
+	}
+	if mem.Flushes() != 0 {
+		t.Errorf("a failed flush reached the device below")
+	}
+	all.Remove()
+	if err := d.Flush(ctx); err != nil || mem.Flushes() != 1 {
+		t.Errorf("flush after Remove: %v, %d flushes below", err, mem.Flushes())
+	}
+	if got := d.Count(stacktest.OpWrite); got != 5 {
+		t.Errorf("Count(write) = %d, want 5", got)
+	}
+	if got := d.Count(stacktest.OpAll); got != 10 {
+		t.Errorf("Count(all) = %d, want 10", got)
+	}
+	var seen []string
+	d.Inject(stacktest.Rule{Ops: stacktest.OpRead | stacktest.OpDiscard, Hook: func(_ context.Context, op stacktest.Op, off, n int64) {
+		seen = append(seen, op.String())
+	}})
+	d.ReadAt(ctx, make([]byte, 512), 0)
+	d.WriteAt(ctx, p, 0)
+	d.Discard(ctx, 0, 512)
+	if len(seen) != 2 || seen[0] != "read" || seen[1] != "discard" {
+		t.Errorf("hook saw %q, want [read discard]", seen)
+	}
+	d.Clear()
+	if got := stacktest.OpAll.String(); got != "read|write|flush|discard|write-zeroes" {
+		t.Errorf("OpAll prints as %q", got)
+	}
+}
+
+// TestFaultDeviceHold: a Hold rule delivers each I/O it holds, which
+// completes only once released, in the order the test chooses; removing
+// the rule releases what it still holds.
+func TestFaultDeviceHold(t *testing.T) {
+	ctx := context.Background()
+	d, mem := stacktest.NewMemFaultDevice("h", 1<<20)
+	r := d.Inject(stacktest.Rule{Ops: stacktest.OpWrite | stacktest.OpFlush, Hold: true})
+	done := make(chan int64, 3)
+	for _, off := range []int64{0, 4096} {
+		go func() {
+			d.WriteAt(ctx, []byte{byte(off/4096 + 1)}, off)
+			done <- off
+		}()
+	}
+	go func() {
+		d.Flush(ctx)
+		done <- -1
+	}()
+	held := map[int64]*stacktest.Held{}
+	for range 3 {
+		h := <-r.Held()
+		if h.Op == stacktest.OpFlush {
+			held[-1] = h
+		} else {
+			held[h.Off] = h
+		}
+	}
+	select {
+	case off := <-done:
+		t.Fatalf("I/O at %d completed while held", off)
+	case <-time.After(10 * time.Millisecond):
+	}
+	held[4096].Release()
+	held[4096].Release() // twice does nothing
+	if off := <-done; off != 4096 || mem.Bytes()[4096] != 2 || mem.Bytes()[0] != 0 {
+		t.Fatalf("released the write at 4096, %d completed (data %d %d)", off, mem.Bytes()[0], mem.Bytes()[4096])
+	}
+	r.Remove()
+	got := map[int64]bool{<-done: true, <-done: true}
+	if !got[0] || !got[-1] || mem.Bytes()[0] != 1 || mem.Flushes() != 1 {
+		t.Errorf("Remove did not release the write at 0 and the flush: %v", got)
+	}
+	if _, err := d.WriteAt(ctx, []byte{3}, 0); err != nil {
+		t.Errorf("write after Remove: %v", err)
+	}
+}
