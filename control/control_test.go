@@ -23,6 +23,8 @@ type ctlEnv struct {
 	dir string
 	mgr *stack.Manager
 	srv *Server
+	// core answers the manager's core messages, if set.
+	core func(d *stack.Device, args []string) (string, error)
 }
 
 func newCtlEnv(t *testing.T) *ctlEnv {
@@ -37,9 +39,15 @@ func newCtlEnv(t *testing.T) *ctlEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	e := &ctlEnv{t: t, dir: dir, mgr: m, srv: NewServer(context.Background(), m)}
-	t.Cleanup(func() { e.srv.Close(); m.RemoveAll() })
+	e := &ctlEnv{t: t, dir: dir}
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, CoreMessage: func(d *stack.Device, args []string) (string, error) {
+		if e.core == nil {
+			return "", stack.Errorf("Unsupported message sent to DM core")
+		}
+		return e.core(d, args)
+	}})
+	e.mgr, e.srv = m, NewServer(context.Background(), m)
+	t.Cleanup(func() { e.srv.Close(); m.Close() })
 	return e
 }
 
@@ -128,7 +136,7 @@ func TestControlLifecycle(t *testing.T) {
 
 	// A reload that changes the size tells the fs layer.
 	var changed []string
-	e.mgr.OnChange = func(d *stack.Device) { changed = append(changed, d.Name()) }
+	e.mgr.Subscribe(stack.Listener{OnChange: func(d *stack.Device) { changed = append(changed, d.Name()) }})
 	e.ok(Request{Op: OpLoad, Name: "d1", Table: "0 4096 zero"})
 	e.ok(Request{Op: OpResume, Name: "d1"})
 	if d.Size() != 4096*stack.SectorSize || len(changed) != 1 {
@@ -146,7 +154,7 @@ func TestControlLifecycle(t *testing.T) {
 	e.ok(Request{Op: OpRename, Name: "e1", UUID: "u-1"})
 	has(info("e1"), "UUID: u-1\n", "Event number:      2\n")
 	var removed []string
-	e.mgr.OnRemove = func(d *stack.Device) { removed = append(removed, d.Name()) }
+	e.mgr.Subscribe(stack.Listener{OnRemove: func(d *stack.Device) { removed = append(removed, d.Name()) }})
 	e.ok(Request{Op: OpRemove, Name: "e1"})
 	if !reflect.DeepEqual(removed, []string{"e1"}) || d.EventNr() != 3 {
 		t.Errorf("remove: fs told %v, event %d", removed, d.EventNr())
@@ -197,7 +205,7 @@ func TestControlMessages(t *testing.T) {
 		t.Errorf("the inactive table took a message: after resume, %q", got)
 	}
 	var got []string
-	e.mgr.CoreMessage = func(d *stack.Device, args []string) (string, error) {
+	e.core = func(d *stack.Device, args []string) (string, error) {
 		got = append([]string{d.Name()}, args...)
 		return "0", nil
 	}
@@ -496,5 +504,46 @@ func TestControlSocket(t *testing.T) {
 	}
 	if _, err := Listen(path, true); err == nil || !strings.Contains(err.Error(), "exists and is not a socket") {
 		t.Errorf("regular file in the socket's place: %v", err)
+	}
+}
+
+// TestControlStop: stop runs the daemon's stop path with the request's
+// force; a refusal is the answer and the server goes on, a stop that
+// succeeds closes the listener; without a stop path, stop fails.
+func TestControlStop(t *testing.T) {
+	e := newCtlEnv(t)
+	if r := e.do(Request{Op: OpStop}); r.Error == "" {
+		t.Errorf("stop without a stop path: %+v", r)
+	}
+	sock := filepath.Join(t.TempDir(), "c.sock")
+	ln, err := Listen(sock, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var forced []bool
+	refuse := true
+	e.srv.OnStop(func(force bool) error {
+		forced = append(forced, force)
+		if refuse && !force {
+			return &stack.ArgError{Reason: "devices still in use: d", Errno: syscall.EBUSY}
+		}
+		return nil
+	})
+	go e.srv.Serve(ln)
+	resp, err := Call(sock, &Request{Op: OpStop})
+	if err != nil || resp.Error != "devices still in use: d" || resp.Errno != "EBUSY" {
+		t.Fatalf("refused stop: %+v, %v", resp, err)
+	}
+	if resp, err := Call(sock, &Request{Op: OpList}); err != nil || resp.Error != "" {
+		t.Fatalf("ls after a refused stop: %+v, %v", resp, err)
+	}
+	if resp, err := Call(sock, &Request{Op: OpStop, Force: true}); err != nil || resp.Error != "" {
+		t.Fatalf("forced stop: %+v, %v", resp, err)
+	}
+	if _, err := Call(sock, &Request{Op: OpList}); err == nil {
+		t.Error("the socket still answers after a stop that succeeded")
+	}
+	if !reflect.DeepEqual(forced, []bool{false, true}) {
+		t.Errorf("stop path called with force %v", forced)
 	}
 }

@@ -23,11 +23,17 @@
 //	-> {"output":"..."}              on success; the client prints output as it is
 //	-> {"error":"d1: line 1: linear: Invalid argument count","errno":"EINVAL"}
 //
-// Op is one of create, load, clear, suspend, resume, remove, rename, message,
-// table, status, info, ls and targets; the other fields are name, new_name,
-// uuid (create, and rename's --setuuid), table, dir (absolute; relative paths
-// in the table resolve against it), notable, readonly, noflush, force,
-// inactive, sector and args. The words of a message are joined with spaces and
+// Op is one of create, load, clear, suspend, resume, remove, remove_all,
+// rename, message, table, status, info, ls, targets, wait, deps, report and
+// stop; the other fields are name, new_name, uuid (create, and rename's
+// --setuuid), table, dir (absolute; relative paths in the table resolve
+// against it), notable, readonly, minor, noflush, nolockfs, force, deferred,
+// inactive, concise, target, event_nr, format, sector and args. One table
+// (ops) lists the fields each operation takes and its handler, which calls
+// one stack.Manager method, with the flags as stack.Flags. stop calls the
+// daemon's stop path (Server.OnStop) and answers once the daemon is sure to
+// exit, or with the reason it cannot; the socket answers until the daemon
+// exits. The words of a message are joined with spaces and
 // split again as the kernel splits them (stack.SplitArgs: a backslash escapes
 // the next character), and a response to a message that does not end in a
 // newline gets one. What each operation does is stack.Manager's (see package

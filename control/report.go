@@ -164,45 +164,20 @@ func formatDeps(rep DeviceReport, format, prefix string) string {
 	return b.String()
 }
 
-// quoteConcise escapes `,`, `;` and `\` with a backslash, as dmsetup's
-// _print_string_quoted.
-func quoteConcise(s string) string {
-	if !strings.ContainsAny(s, ",;\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c == ',' || c == ';' || c == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// formatConcise prints devices as dmsetup table --concise does: one line,
-// devices separated by `;`, each `name,uuid,minor,rw|ro` then
-// `,<start> <len> <type> <params>` per line of its live table, with `,;\`
-// escaped.
+// formatConcise prints devices as dmsetup table --concise does
+// (stack.FormatConcise): their live tables, only the lines of type target
+// if it is set.
 func formatConcise(devs []*stack.Device, target string) string {
-	var b strings.Builder
+	cds := make([]stack.ConfigDevice, len(devs))
 	for i, d := range devs {
-		if i > 0 {
-			b.WriteByte(';')
-		}
 		in := d.Info(false)
-		flags := "rw"
-		if in.ReadOnly {
-			flags = "ro"
-		}
-		fmt.Fprintf(&b, "%s,%s,%d,%s", quoteConcise(in.Name), quoteConcise(in.UUID), in.Minor, flags)
-		for _, l := range tableLines(d, stack.StatusTable, false, target) {
-			b.WriteByte(',')
-			b.WriteString(quoteConcise(l))
+		lines := tableLines(d, stack.StatusTable, false, target)
+		cds[i] = stack.ConfigDevice{Name: in.Name, UUID: in.UUID, Minor: int(in.Minor), ReadOnly: in.ReadOnly}
+		if len(lines) > 0 {
+			cds[i].Table = strings.Join(lines, "\n") + "\n"
 		}
 	}
-	b.WriteByte('\n')
-	return b.String()
+	return stack.FormatConcise(cds)
 }
 
 // tableLines returns the lines (without newlines) of d's live or inactive
@@ -248,71 +223,4 @@ func (s *Server) waitContext(c net.Conn) (context.Context, context.CancelFunc) {
 		cancel()
 	}()
 	return ctx, cancel
-}
-
-// runExtra carries out the operations beyond the original set (wait, deps,
-// report, remove_all) and the variants of the others (deferred remove,
-// lockfs, table --concise and --target); handled reports whether r was one.
-func (s *Server) runExtra(ctx context.Context, r *Request) (out string, handled bool, err error) {
-	m := s.mgr
-	switch {
-	case r.Op == OpReport:
-		devs, err := s.runReport(r)
-		if err != nil {
-			return "", true, err
-		}
-		b, err := json.Marshal(devs)
-		return string(b) + "\n", true, err
-	case r.Op == OpWait:
-		_, err := m.WaitEvent(ctx, r.Name, r.EventNr)
-		return "", true, err
-	case r.Op == OpRemoveAll:
-		m.RemoveUnused(r.Deferred)
-		return "", true, nil
-	case r.Op == OpRemove && r.Deferred:
-		return "", true, m.RemoveWith(r.Name, stack.RemoveOptions{Force: r.Force, Deferred: true})
-	case r.Op == OpSuspend:
-		return "", true, m.SuspendWith(r.Name, stack.SuspendOptions{NoFlush: r.NoFlush, NoLockFS: r.NoLockFS})
-	case r.Op == OpResume:
-		return "", true, m.ResumeWith(r.Name, stack.SuspendOptions{NoFlush: r.NoFlush, NoLockFS: r.NoLockFS})
-	case r.Op == OpDeps:
-		reps, err := s.runReport(&Request{Name: r.Name, Inactive: r.Inactive})
-		if err != nil {
-			return "", true, err
-		}
-		if len(reps) == 0 {
-			return "No devices found\n", true, nil
-		}
-		var b strings.Builder
-		for _, rep := range reps {
-			prefix := ""
-			if r.Name == "" {
-				prefix = rep.Name + ": "
-			}
-			b.WriteString(formatDeps(rep, r.Format, prefix))
-		}
-		return b.String(), true, nil
-	case r.Op == OpTable && r.Concise:
-		devs := m.Devices()
-		if r.Name != "" {
-			d := m.Lookup(r.Name)
-			if d == nil {
-				return "", true, stack.NoSuchDevice(r.Name)
-			}
-			devs = []*stack.Device{d}
-		} else if len(devs) == 0 {
-			return "No devices found\n", true, nil
-		}
-		return formatConcise(devs, r.Target), true, nil
-	case (r.Op == OpTable || r.Op == OpStatus) && r.Target != "":
-		st := stack.StatusTable
-		if r.Op == OpStatus {
-			st = stack.StatusInfo
-		}
-		out, err := s.each(r.Name, func(d *stack.Device, prefix string) string {
-			return formatTargetLines(d, st, r.Inactive, r.Target, prefix)
-		})
-		return out, true, err
-	}
-	return "", false, nil
 }

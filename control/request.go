@@ -41,13 +41,17 @@ const (
 	OpReport = "report"
 	// OpRemoveAll removes every device that is not in use.
 	OpRemoveAll = "remove_all"
+	// OpStop stops the daemon (`dmfuse stop`): it answers once the daemon
+	// is sure to exit, or says why it cannot. With Force it tears down
+	// what keeps it from stopping.
+	OpStop = "stop"
 )
 
 // Request is one control command, as the client sends it.
 type Request struct {
 	// Op is the command: create, load, clear, suspend, resume, remove,
 	// remove_all, rename, message, table, status, info, ls, targets, wait,
-	// deps or report.
+	// deps, report or stop.
 	Op string `json:"op"`
 	// Name is the device the command acts on; table, status and info accept
 	// none (every device).
@@ -72,7 +76,7 @@ type Request struct {
 	// NoLockFS is suspend (or resume) --nolockfs: do not freeze the file
 	// system on the device's block device.
 	NoLockFS bool `json:"nolockfs,omitempty"`
-	// Force is remove --force.
+	// Force is remove --force, or stop --force.
 	Force bool `json:"force,omitempty"`
 	// Deferred is remove (or remove_all) --deferred: a device in use is
 	// removed once its last user is gone.
@@ -164,29 +168,6 @@ func DecodeRequest(line []byte) (*Request, error) {
 	return &req, nil
 }
 
-// opFields lists, per operation, which optional fields it accepts and whether
-// it needs a device name ("name": required, "name?": optional).
-var opFields = map[string]string{
-	OpCreate:  "name uuid table dir notable readonly minor",
-	OpLoad:    "name table dir",
-	OpClear:   "name",
-	OpSuspend: "name noflush nolockfs",
-	OpResume:  "name noflush nolockfs",
-	OpRemove:  "name force deferred",
-	OpRename:  "name new_name uuid",
-	OpMessage: "name sector args",
-	OpTable:   "name? inactive concise target",
-	OpStatus:  "name? inactive target",
-	OpInfo:    "name? inactive",
-	OpList:    "",
-	OpTargets: "",
-
-	OpWait:      "name event_nr",
-	OpDeps:      "name? inactive format",
-	OpReport:    "name? inactive",
-	OpRemoveAll: "deferred",
-}
-
 // Validate checks a request's form, everything that can be judged without
 // the devices: a known operation, only the fields that operation takes and
 // those it needs, valid device names and uuids (stack.ValidName,
@@ -196,7 +177,8 @@ var opFields = map[string]string{
 // exists, a name or uuid is free, a table builds, a message has words and
 // its target takes it) is the stack.Manager's to check.
 func (r *Request) Validate() error {
-	spec, ok := opFields[r.Op]
+	o, ok := ops[r.Op]
+	spec := o.fields
 	if !ok {
 		return fmt.Errorf("unknown operation %q", r.Op)
 	}

@@ -47,12 +47,16 @@ type Server struct {
 	// uid is the user, besides root, whose clients may send commands: the
 	// daemon's effective uid.
 	uid uint32
+	// stop stops the daemon (OnStop).
+	stop func(force bool) error
 
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 	closed bool
-	wg     sync.WaitGroup
+	// draining is set once a stop succeeded: the listener is closed.
+	draining bool
+	wg       sync.WaitGroup
 	// tokens and last are the rate limiter's bucket (Rate per second, up
 	// to Rate) and the time it was last filled.
 	tokens float64
@@ -66,6 +70,25 @@ func NewServer(ctx context.Context, m *stack.Manager) *Server {
 	waits, stopWaits := context.WithCancel(ctx)
 	return &Server{mgr: m, ctx: ctx, cancel: cancel, waits: waits, stopWaits: stopWaits, conns: map[net.Conn]struct{}{},
 		uid: uint32(os.Geteuid()), tokens: Rate, last: time.Now()}
+}
+
+// OnStop makes the request stop call f, the daemon's way to stop, with the
+// request's force; set it before Serve. f returns nil once the daemon is
+// sure to exit, and then the server stops accepting connections (the
+// requests accepted already are answered); an error is the answer of the
+// stop request, and the server goes on. Without f, stop fails.
+func (s *Server) OnStop(f func(force bool) error) { s.stop = f }
+
+// StopAccepting closes the listener, which removes the socket file, and
+// lets Serve return; connections already accepted are served. A daemon
+// calls it once it is sure to exit.
+func (s *Server) StopAccepting() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.draining = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
 }
 
 // refusal says why a new connection is not served ("" if it is), with the
@@ -141,7 +164,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		c, err := ln.Accept()
 		if err != nil {
 			s.mu.Lock()
-			closed := s.closed
+			closed := s.closed || s.draining
 			s.mu.Unlock()
 			if closed {
 				return nil
@@ -249,7 +272,7 @@ func (s *Server) Handle(ctx context.Context, r *Request) *Response {
 	if err := r.Validate(); err != nil {
 		return &Response{Error: err.Error(), Errno: "EINVAL"}
 	}
-	out, err := s.run(ctx, r)
+	out, err := ops[r.Op].run(s, ctx, r)
 	if err != nil {
 		return &Response{Output: out, Error: err.Error(), Errno: errnoName(err)}
 	}
@@ -266,75 +289,6 @@ func errnoName(err error) string {
 		return fmt.Sprintf("errno %d", int(e))
 	}
 	return "EINVAL"
-}
-
-// run carries out a valid request on the manager's devices and returns what
-// it prints.
-func (s *Server) run(ctx context.Context, r *Request) (string, error) {
-	m := s.mgr
-	if out, handled, err := s.runExtra(ctx, r); handled {
-		return out, err
-	}
-	switch r.Op {
-	case OpCreate:
-		minor := -1
-		if r.Minor != nil {
-			minor = int(*r.Minor)
-		}
-		_, err := m.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: minor, ReadOnly: r.ReadOnly,
-			Table: r.Table, NoTable: r.NoTable, Dir: r.Dir})
-		return "", err
-	case OpLoad:
-		return "", m.Load(r.Name, r.Table, r.Dir)
-	case OpClear:
-		return "", m.Clear(r.Name)
-	case OpSuspend:
-		return "", m.Suspend(r.Name, r.NoFlush)
-	case OpResume:
-		return "", m.Resume(r.Name)
-	case OpRemove:
-		if r.Force {
-			return "", m.ForceRemove(r.Name)
-		}
-		return "", m.Remove(r.Name)
-	case OpRename:
-		if r.UUID != "" {
-			return "", m.SetUUID(r.Name, r.UUID)
-		}
-		return "", m.Rename(r.Name, r.NewName)
-	case OpMessage:
-		out, err := m.Message(ctx, r.Name, r.Sector, stack.SplitArgs(strings.Join(r.Args, " ")))
-		if err != nil || out == "" || strings.HasSuffix(out, "\n") {
-			return out, err
-		}
-		return out + "\n", nil
-	case OpTable, OpStatus:
-		st := stack.StatusTable
-		if r.Op == OpStatus {
-			st = stack.StatusInfo
-		}
-		return s.each(r.Name, func(d *stack.Device, prefix string) string {
-			return formatTable(d, st, r.Inactive, prefix)
-		})
-	case OpInfo:
-		return s.each(r.Name, func(d *stack.Device, _ string) string {
-			in := d.Info(r.Inactive)
-			in.OpenCount = m.OpenCount(d)
-			maj, min := m.DevNo(d)
-			return formatInfo(in, maj, min)
-		})
-	case OpList:
-		return formatList(m, m.Devices()), nil
-	case OpTargets:
-		var b strings.Builder
-		for _, t := range m.Registry().Types() {
-			b.WriteString(t.FormatVersion())
-			b.WriteByte('\n')
-		}
-		return b.String(), nil
-	}
-	// Validate admits only the operations above.
-	return "", fmt.Errorf("operation %q has no handler", r.Op)
 }
 
 // each formats one device (name given) or every device with "NAME: "

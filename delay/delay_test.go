@@ -444,8 +444,8 @@ func TestLookupErrorOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	defer m.Close()
 	for _, tc := range []struct{ table, want string }{
 		{"0 8 delay nosuch 0 1", "d: line 1: delay: Device lookup failed: nosuch: no such mapped device"},
 		{"0 8 delay ./nosuch.img 0 1", "d: line 1: delay: Device lookup failed: ./nosuch.img: no such file or directory"},

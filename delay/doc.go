@@ -59,7 +59,7 @@
 // a clock.Manual. A scheduler on the real clock wants SchedulerProcs Ps on
 // top of one per CPU; the daemon raises GOMAXPROCS by them.
 //
-// # Measurements
+// # Benchmarks
 //
 // BenchmarkAccuracy, BenchmarkWakeup, BenchmarkIdleCPU, BenchmarkQD1CPU and
 // BenchmarkQueueDepth measure the lateness of releases, the release itself,

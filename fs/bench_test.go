@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -41,8 +40,8 @@ func benchNode(b *testing.B, table string) *devNode {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, clock.System)
-	b.Cleanup(m.RemoveAll)
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: clock.System})
+	b.Cleanup(func() { m.Close() })
 	text := fmt.Sprintf(table, benchSectors, f.Name())
 	d, err := m.Create(stack.CreateOptions{Name: "bench", Minor: -1, Table: text})
 	if err != nil {

@@ -163,8 +163,7 @@ func Mount(dir string, m *stack.Manager, o Options) (*Server, error) {
 		AttrTimeout:  &t,
 		MountOptions: MountOptions(o),
 	}
-	m.OnRemove = r.forget
-	m.OnChange = r.changed
+	m.Subscribe(stack.Listener{OnChange: r.changed, OnRemove: r.forget})
 	plan := PlanMemory(o)
 	if o.URingDepth <= 0 {
 		o.URingDepth = plan.URingDepth

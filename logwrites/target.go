@@ -63,8 +63,8 @@ type logWrites struct {
 	// mu guards the two lists (the kernel's blocks_lock). It is held only
 	// to append to them or take them whole.
 	mu        sync.Mutex
-	unflushed []*lwBlock // completed, not covered by a flush yet
-	logging   []*lwBlock // ready for the log, in order
+	unflushed []*pending // completed, not covered by a flush yet
+	logging   []*pending // ready for the log, in order
 	stopping  bool
 	kick      chan struct{} // wakes the worker
 	done      chan struct{} // closed when the worker has exited
@@ -77,15 +77,15 @@ type logWrites struct {
 	entries    atomic.Uint64
 }
 
-// lwBlock is one pending entry: a header unit and, for a write, its data
+// pending is one pending entry: a header unit and, for a write, its data
 // right after it, so that the worker logs it with one write. A flush holds
 // the unflushed blocks it took over when it was submitted.
-type lwBlock struct {
+type pending struct {
 	flags       uint64
 	sector, nr  uint64 // log units
 	name        string // mark
 	buf         []byte // header unit + data; len = s + data
-	children    []*lwBlock
+	children    []*pending
 	class       int
 	accountable bool // buf counts in held
 }
@@ -343,7 +343,7 @@ func (l *logWrites) Close() error {
 
 // endIO queues a completed write or discard: a FUA write for the log at
 // once, anything else on the unflushed list.
-func (l *logWrites) endIO(b *lwBlock) {
+func (l *logWrites) endIO(b *pending) {
 	l.mu.Lock()
 	if b.flags&FlagFUA != 0 {
 		l.queued.Add(1)
@@ -368,7 +368,7 @@ func (l *logWrites) wake() {
 // Close has asked it to and the list is empty.
 func (l *logWrites) run() {
 	defer close(l.done)
-	var batch []*lwBlock
+	var batch []*pending
 	for {
 		l.mu.Lock()
 		batch, l.logging = l.logging, batch[:0]
@@ -396,7 +396,7 @@ var logCtx = context.Background()
 // header and data with one write, and rewrites the super after a FUA or a
 // mark entry (log_one_block, log_super). The position advances even for the
 // block that does not fit, as the kernel's next_sector does.
-func (l *logWrites) logOne(b *lwBlock) {
+func (l *logWrites) logOne(b *pending) {
 	defer func() {
 		l.putBlock(b)
 		l.logged.Add(1)
@@ -437,17 +437,17 @@ func (l *logWrites) logOne(b *lwBlock) {
 // Block buffers come from pools by size class (512 bytes each), so that a
 // write costs one pool get for its copy instead of an allocation.
 const (
-	lwClassSize  = 512
-	lwMaxPooled  = 1<<20 + 64<<10
-	lwNumClasses = lwMaxPooled/lwClassSize + 1
+	classSize  = 512
+	maxPooled  = 1<<20 + 64<<10
+	numClasses = maxPooled/classSize + 1
 )
 
-var lwPools [lwNumClasses]sync.Pool
+var pools [numClasses]sync.Pool
 
 // getBlock returns a block whose buf holds one log unit and n bytes of data.
 // A block that counts against logWritesMemLimit (a write's copy) is refused
 // past the limit: it returns nil and logging stops.
-func (l *logWrites) getBlock(n int, accountable bool) *lwBlock {
+func (l *logWrites) getBlock(n int, accountable bool) *pending {
 	size := int(l.s) + n
 	if accountable {
 		if l.held.Add(int64(size)) > logWritesMemLimit {
@@ -457,16 +457,16 @@ func (l *logWrites) getBlock(n int, accountable bool) *lwBlock {
 			return nil
 		}
 	}
-	class := (size + lwClassSize - 1) / lwClassSize
-	var b *lwBlock
-	if class < lwNumClasses {
-		if v := lwPools[class].Get(); v != nil {
-			b = v.(*lwBlock)
+	class := (size + classSize - 1) / classSize
+	var b *pending
+	if class < numClasses {
+		if v := pools[class].Get(); v != nil {
+			b = v.(*pending)
 		} else {
-			b = &lwBlock{class: class, buf: make([]byte, class*lwClassSize)}
+			b = &pending{class: class, buf: make([]byte, class*classSize)}
 		}
 	} else {
-		b = &lwBlock{class: -1, buf: make([]byte, size)}
+		b = &pending{class: -1, buf: make([]byte, size)}
 	}
 	b.buf = b.buf[:size]
 	b.accountable = accountable
@@ -474,13 +474,13 @@ func (l *logWrites) getBlock(n int, accountable bool) *lwBlock {
 }
 
 // putBlock returns b to its pool.
-func (l *logWrites) putBlock(b *lwBlock) {
+func (l *logWrites) putBlock(b *pending) {
 	if b.accountable {
 		l.held.Add(-int64(len(b.buf)))
 	}
 	b.flags, b.sector, b.nr, b.name, b.accountable = 0, 0, 0, "", false
 	if b.class >= 0 {
 		b.buf = b.buf[:cap(b.buf)]
-		lwPools[b.class].Put(b)
+		pools[b.class].Put(b)
 	}
 }

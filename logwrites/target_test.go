@@ -746,9 +746,9 @@ func lwDevice(t *testing.T, data, logd *stacktest.MemDevice) (*stack.Device, *lo
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, &clock.Manual{})
-	t.Cleanup(m.RemoveAll)
-	m.Open = stacktest.Opener{data.Name(): data, logd.Name(): logd}.Open
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: &clock.Manual{},
+		Open: stacktest.Opener{data.Name(): data, logd.Name(): logd}.Open})
+	t.Cleanup(func() { m.Close() })
 	d, err := m.Create(stack.CreateOptions{Name: "lw-" + data.Name(), Minor: -1,
 		Table: fmt.Sprintf("0 %d log-writes %s %s", data.Size()/stack.SectorSize, data.Name(), logd.Name())})
 	if err != nil {
@@ -902,8 +902,8 @@ func TestLogWritesStacked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	defer m.Close()
 	mk := func(name, table string) *stack.Device {
 		d, err := m.Create(stack.CreateOptions{Name: name, Minor: -1, Table: table, Dir: dir})
 		if err != nil {
@@ -914,10 +914,10 @@ func TestLogWritesStacked(t *testing.T) {
 	mk("lower", "0 2048 flakey ./data.img 0 1000 0")
 	mk("logdev", "0 2048 linear ./log.img 0")
 	lw := mk("lw", "0 2048 log-writes lower logdev")
-	if err := m.Remove("lower"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("lower", stack.Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("removing the data device under log-writes: %v, want EBUSY", err)
 	}
-	if err := m.Remove("logdev"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("logdev", stack.Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("removing the log device under log-writes: %v, want EBUSY", err)
 	}
 	if _, err := lw.WriteAt(stack.WithFUA(context.Background()), bytes.Repeat([]byte{9}, 4096), 4096); err != nil {
@@ -937,7 +937,7 @@ func TestLogWritesStacked(t *testing.T) {
 	if table != "0 2048 log-writes lower logdev\n" {
 		t.Errorf("table %q", table)
 	}
-	if err := m.Remove("lw"); err != nil {
+	if err := m.Remove("lw", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	log, err := os.ReadFile(filepath.Join(dir, "log.img"))

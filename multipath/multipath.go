@@ -21,8 +21,8 @@ import (
 // table).
 var Type = &stack.TargetType{Name: "multipath", Version: [3]int{1, 15, 0}, Singleton: true, Immutable: true, New: newMultipath}
 
-// mpMaxArgs is the kernel's limit on every count in a multipath table.
-const mpMaxArgs = 1024
+// maxArgs is the kernel's limit on every count in a multipath table.
+const maxArgs = 1024
 
 // multipath is one constructed multipath target (dm-mpath's struct multipath).
 type multipath struct {
@@ -94,9 +94,9 @@ var (
 	_ stack.MapAccounter  = (*multipath)(nil)
 )
 
-// mpErr is a constructor or message error: the kernel's text (ti->error, or
-// its warning for messages), then which argument and why.
-func mpErr(kernel, format string, a ...any) error {
+// kernelError is a constructor or message error: the kernel's text
+// (ti->error, or its warning for messages), then which argument and why.
+func kernelError(kernel, format string, a ...any) error {
 	return &stack.ArgError{Reason: kernel + " (" + fmt.Sprintf(format, a...) + ")"}
 }
 
@@ -156,17 +156,17 @@ func newMultipath(c *stack.Ctor, args []string) (stack.Target, error) {
 		return nil, err
 	}
 	w := peek(as)
-	nPG, err := as.Uint(0, mpMaxArgs, "invalid number of priority groups")
+	nPG, err := as.Uint(0, maxArgs, "invalid number of priority groups")
 	if err != nil {
-		return nil, mpErr("invalid number of priority groups", "#priority_groups %s: 0..1024", w)
+		return nil, kernelError("invalid number of priority groups", "#priority_groups %s: 0..1024", w)
 	}
 	w = peek(as)
-	initial, err := as.Uint(0, mpMaxArgs, "invalid initial priority group number")
+	initial, err := as.Uint(0, maxArgs, "invalid initial priority group number")
 	if err != nil {
-		return nil, mpErr("invalid initial priority group number", "initial_pg %s: 0..1024", w)
+		return nil, kernelError("invalid initial priority group number", "initial_pg %s: 0..1024", w)
 	}
 	if (nPG == 0) != (initial == 0) {
-		return nil, mpErr("invalid initial priority group", "initial_pg %d with %d groups: 0 exactly when there are no groups", initial, nPG)
+		return nil, kernelError("invalid initial priority group", "initial_pg %d with %d groups: 0 exactly when there are no groups", initial, nPG)
 	}
 	next := initial
 	for as.Len() > 0 {
@@ -181,7 +181,7 @@ func newMultipath(c *stack.Ctor, args []string) (stack.Target, error) {
 		}
 	}
 	if len(m.pgs) != int(nPG) {
-		return nil, mpErr("priority group count mismatch", "#priority_groups is %d, the table has %d", nPG, len(m.pgs))
+		return nil, kernelError("priority group count mismatch", "#priority_groups is %d, the table has %d", nPG, len(m.pgs))
 	}
 	m.queueIO.Store(true)
 	return m, nil
@@ -200,7 +200,7 @@ func (m *multipath) parseFeatures(as *stack.Args) error {
 	w := peek(as)
 	n, err := as.Group(0, 8, "invalid number of feature args")
 	if err != nil {
-		return mpErr("invalid number of feature args", "#features %s: 0..8 and no more than the args after it", w)
+		return kernelError("invalid number of feature args", "#features %s: 0..8 and no more than the args after it", w)
 	}
 	for n > 0 {
 		name, _ := as.Next()
@@ -214,7 +214,7 @@ func (m *multipath) parseFeatures(as *stack.Args) error {
 			w := peek(as)
 			v, err := as.Uint(1, 50, "pg_init_retries must be between 1 and 50")
 			if err != nil {
-				return mpErr("pg_init_retries must be between 1 and 50", "pg_init_retries %s", w)
+				return kernelError("pg_init_retries must be between 1 and 50", "pg_init_retries %s", w)
 			}
 			m.pgInitRetries = v
 			n--
@@ -222,7 +222,7 @@ func (m *multipath) parseFeatures(as *stack.Args) error {
 			w := peek(as)
 			v, err := as.Uint(0, 60000, "pg_init_delay_msecs must be between 0 and 60000")
 			if err != nil {
-				return mpErr("pg_init_delay_msecs must be between 0 and 60000", "pg_init_delay_msecs %s", w)
+				return kernelError("pg_init_delay_msecs must be between 0 and 60000", "pg_init_delay_msecs %s", w)
 			}
 			m.pgInitDelay, m.pgInitDelaySet = v, true
 			n--
@@ -235,10 +235,10 @@ func (m *multipath) parseFeatures(as *stack.Args) error {
 			case strings.EqualFold(mode, "rq"), strings.EqualFold(mode, "mq"):
 				m.bio = false
 			default:
-				return mpErr("Unknown 'queue_mode' requested", "queue_mode %q: bio, rq or mq", mode)
+				return kernelError("Unknown 'queue_mode' requested", "queue_mode %q: bio, rq or mq", mode)
 			}
 		default:
-			return mpErr("Unrecognised multipath feature request", "feature %q", name)
+			return kernelError("Unrecognised multipath feature request", "feature %q", name)
 		}
 	}
 	return nil
@@ -248,9 +248,9 @@ func (m *multipath) parseFeatures(as *stack.Args) error {
 // (parse_hw_handler). Bio mode consumes and ignores the handler.
 func (m *multipath) parseHWHandler(as *stack.Args) error {
 	w := peek(as)
-	n, err := as.Group(0, mpMaxArgs, "invalid number of hardware handler args")
+	n, err := as.Group(0, maxArgs, "invalid number of hardware handler args")
 	if err != nil {
-		return mpErr("invalid number of hardware handler args", "#hw_handler_args %s: 0..1024 and no more than the args after it", w)
+		return kernelError("invalid number of hardware handler args", "#hw_handler_args %s: 0..1024 and no more than the args after it", w)
 	}
 	if n == 0 {
 		return nil
@@ -270,45 +270,45 @@ func (m *multipath) parseHWHandler(as *stack.Args) error {
 // parsePG reads one priority group (parse_priority_group).
 func (m *multipath) parsePG(c *stack.Ctor, as *stack.Args, num int) (*priorityGroup, error) {
 	if as.Len() < 2 {
-		return nil, mpErr("not enough priority group arguments", "group %d: %d args left, a group needs at least a selector and its arg count", num, as.Len())
+		return nil, kernelError("not enough priority group arguments", "group %d: %d args left, a group needs at least a selector and its arg count", num, as.Len())
 	}
 	pg := &priorityGroup{num: num}
 	name, _ := as.Next()
 	typ, ok := selectors.Lookup(name)
 	if !ok {
-		return nil, mpErr("unknown path selector type", "group %d: selector %q", num, name)
+		return nil, kernelError("unknown path selector type", "group %d: selector %q", num, name)
 	}
 	w := peek(as)
-	nsel, err := as.Group(0, mpMaxArgs, "invalid number of path selector args")
+	nsel, err := as.Group(0, maxArgs, "invalid number of path selector args")
 	if err != nil {
-		return nil, mpErr("invalid number of path selector args", "group %d: #selector_args %s: 0..1024 and no more than the args after it", num, w)
+		return nil, kernelError("invalid number of path selector args", "group %d: #selector_args %s: 0..1024 and no more than the args after it", num, w)
 	}
 	selArgs := append([]string(nil), as.Rest()[:nsel]...)
 	sel, err := typ.New(selArgs, m.clock)
 	if err != nil {
-		return nil, mpErr(selectors.KernelCtrFailed, "group %d: %v", num, err)
+		return nil, kernelError(selectors.KernelCtrFailed, "group %d: %v", num, err)
 	}
 	as.Skip(int(nsel))
 	pg.typ, pg.sel = typ, sel
 	pg.tracker, _ = sel.(selectors.IOTracker)
 	w = peek(as)
-	npaths, err := as.Uint(1, mpMaxArgs, "invalid number of paths")
+	npaths, err := as.Uint(1, maxArgs, "invalid number of paths")
 	if err != nil {
-		return nil, mpErr("invalid number of paths", "group %d: #paths %s: 1..1024", num, w)
+		return nil, kernelError("invalid number of paths", "group %d: #paths %s: 1..1024", num, w)
 	}
 	w = peek(as)
-	nargs, err := as.Uint(0, mpMaxArgs, "invalid number of selector args")
+	nargs, err := as.Uint(0, maxArgs, "invalid number of selector args")
 	if err != nil {
-		return nil, mpErr("invalid number of selector args", "group %d: #per_path_args %s: 0..1024", num, w)
+		return nil, kernelError("invalid number of selector args", "group %d: #per_path_args %s: 0..1024", num, w)
 	}
 	for i := 0; i < int(npaths); i++ {
 		if as.Len() < 1+int(nargs) {
-			return nil, mpErr("not enough path parameters", "group %d, path %d: needs a device and %d args, %d left", num, i+1, nargs, as.Len())
+			return nil, kernelError("not enough path parameters", "group %d, path %d: needs a device and %d args, %d left", num, i+1, nargs, as.Len())
 		}
 		devArg, _ := as.Next()
 		dev, err := c.Open(devArg)
 		if err != nil {
-			return nil, mpErr("error getting device", "group %d, path %q: %v", num, devArg, err)
+			return nil, kernelError("error getting device", "group %d, path %q: %v", num, devArg, err)
 		}
 		// parse_path: scsi_dh_attached_handler_name says -ENODEV for a
 		// path that is not a SCSI device, and a hardware handler given for
@@ -325,9 +325,9 @@ func (m *multipath) parsePG(c *stack.Ctor, as *stack.Args, num int) (*priorityGr
 		if err := sel.AddPath(&pp.sp, as.Rest()[:nargs]); err != nil {
 			var se *selectors.ArgError
 			if errors.As(err, &se) {
-				return nil, mpErr(se.Kernel, "group %d, path %s: %v", num, dev.Name(), err)
+				return nil, kernelError(se.Kernel, "group %d, path %s: %v", num, dev.Name(), err)
 			}
-			return nil, mpErr("error adding path", "group %d, path %s: %v", num, dev.Name(), err)
+			return nil, kernelError("error adding path", "group %d, path %s: %v", num, dev.Name(), err)
 		}
 		as.Skip(int(nargs))
 		pg.paths = append(pg.paths, pp)

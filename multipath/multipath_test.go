@@ -801,8 +801,8 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := stack.NewManager(context.Background(), reg, nil)
-	defer mgr.RemoveAll()
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	defer mgr.Close()
 	p1, err := mgr.Create(stack.CreateOptions{Name: "p1", Minor: -1, Table: "0 2048 linear ./a.img 0", Dir: dir})
 	if err != nil {
 		t.Fatal(err)
@@ -845,13 +845,13 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 		t.Errorf("253:99: %v", err)
 	}
 	// Suspended: EBUSY through the manager too.
-	if err := mgr.Suspend("mp", false); err != nil {
+	if err := mgr.Suspend("mp", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := send("reinstate_path", "p1"); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("suspended: %v", err)
 	}
-	if err := mgr.Resume("mp"); err != nil {
+	if err := mgr.Resume("mp", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	// I/O through the device with a failed path reaches a valid one.
@@ -884,8 +884,8 @@ func TestMultipathEscapedPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr := stack.NewManager(context.Background(), reg, nil)
-	defer mgr.RemoveAll()
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	defer mgr.Close()
 	ea, eb := stack.EscapeArg(a), stack.EscapeArg(b)
 	if !strings.Contains(ea, `\ `) || !strings.Contains(eb, `\\`) || !strings.Contains(eb, "\\\t") {
 		t.Fatalf("test paths not escaped: %q %q", ea, eb)
@@ -1006,10 +1006,9 @@ func TestMultipathNoPathNotAccounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, &clock.Manual{})
-	t.Cleanup(m.RemoveAll)
 	p := newMPDev("p")
-	m.Open = stacktest.Opener{"p": p}.Open
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: &clock.Manual{}, Open: stacktest.Opener{"p": p}.Open})
+	t.Cleanup(func() { m.Close() })
 	d, err := m.Create(stack.CreateOptions{Name: "mp", Minor: -1, Table: "0 1024 multipath 0 0 1 1 round-robin 0 1 1 p 1"})
 	if err != nil {
 		t.Fatal(err)

@@ -31,7 +31,7 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m := stack.NewManager(context.Background(), reg, nil)
+		m := stack.NewManager(stack.ManagerOptions{Registry: reg})
 		if _, err := m.Create(stack.CreateOptions{Name: "p", Minor: -1, Table: "0 2048 linear ./p.img 0", Dir: dir}); err != nil {
 			t.Fatal(err)
 		}
@@ -61,14 +61,14 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		if err := m.Suspend("mp", noflush); err != nil {
+		if err := m.Suspend("mp", stack.Flags{NoFlush: noflush}); err != nil {
 			t.Fatalf("suspend noflush=%v: %v", noflush, err)
 		}
 		if !noflush {
 			if err := <-done; !errors.Is(err, syscall.EIO) {
 				t.Fatalf("held read after a flush suspend: %v, want EIO", err)
 			}
-			m.RemoveAll()
+			m.Close()
 			continue
 		}
 		select {
@@ -76,7 +76,7 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 			t.Fatalf("held read finished during a noflush suspend: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if err := m.Resume("mp"); err != nil {
+		if err := m.Resume("mp", stack.Flags{}); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -96,6 +96,6 @@ func TestNoflushKeepsPushedBackIO(t *testing.T) {
 		if s := mp.Disk().Snapshot(); s.IOs[0] != 1 {
 			t.Errorf("reads counted %d, want 1 (the pushed-back attempts count nothing)", s.IOs[0])
 		}
-		m.RemoveAll()
+		m.Close()
 	}
 }

@@ -11,13 +11,13 @@ import (
 	"github.com/dmfuse/dmfuse/stats"
 )
 
-// pcSpan is a byte range [off, end) of the segment.
-type pcSpan struct{ off, end int64 }
+// span is a byte range [off, end) of the segment.
+type span struct{ off, end int64 }
 
-// pcEntry is one cached request. Everything but next and holes is fixed
+// entry is one cached request. Everything but next and holes is fixed
 // once it is in the list.
-type pcEntry struct {
-	next *pcEntry
+type entry struct {
+	next *entry
 	kind stack.Op // stats.Write, stats.Discard or stats.Zeroes
 	off  int64    // segment bytes
 	end  int64    // segment bytes
@@ -25,16 +25,16 @@ type pcEntry struct {
 	buf  *[]byte
 	// holes are the parts a later FUA write replaced on the device: never
 	// written back. Sorted, disjoint. Changed under wb (shared) and masks.
-	holes []pcSpan
+	holes []span
 }
 
 // sectors is the number of sectors e touches.
-func (e *pcEntry) sectors() int64 {
+func (e *entry) sectors() int64 {
 	return (e.end+stack.SectorSize-1)/stack.SectorSize - e.off/stack.SectorSize
 }
 
 // mask adds [a, b) to e's holes.
-func (e *pcEntry) mask(a, b int64) {
+func (e *entry) mask(a, b int64) {
 	h := e.holes
 	i := 0
 	for i < len(h) && h[i].end < a {
@@ -45,11 +45,11 @@ func (e *pcEntry) mask(a, b int64) {
 		a, b = min(a, h[j].off), max(b, h[j].end)
 		j++
 	}
-	e.holes = slices.Replace(h, i, j, pcSpan{a, b})
+	e.holes = slices.Replace(h, i, j, span{a, b})
 }
 
 // pieces calls f for each part of [e.off, e.off+keep) that is not a hole.
-func (e *pcEntry) pieces(keep int64, f func(a, b int64) error) error {
+func (e *entry) pieces(keep int64, f func(a, b int64) error) error {
 	a, end := e.off, e.off+keep
 	for _, h := range e.holes {
 		if h.off >= end {
@@ -68,67 +68,67 @@ func (e *pcEntry) pieces(keep int64, f func(a, b int64) error) error {
 	return nil
 }
 
-// pcBufClasses are the pooled sizes of cached copies: 512 B << i.
-const pcBufClasses = 12 // up to 1 MiB, the largest FUSE write
+// bufClasses are the pooled sizes of cached copies: 512 B << i.
+const bufClasses = 12 // up to 1 MiB, the largest FUSE write
 
 var (
-	pcEntryPool = sync.Pool{New: func() any { return new(pcEntry) }}
-	pcBufPools  [pcBufClasses]sync.Pool
+	entryPool = sync.Pool{New: func() any { return new(entry) }}
+	bufPools  [bufClasses]sync.Pool
 )
 
-// pcGetBuf returns a buffer of at least n bytes, from a pool when n is at
+// getBuf returns a buffer of at least n bytes, from a pool when n is at
 // most 1 MiB.
-func pcGetBuf(n int) *[]byte {
-	c := pcBufClass(n)
-	if c >= pcBufClasses {
+func getBuf(n int) *[]byte {
+	c := bufClass(n)
+	if c >= bufClasses {
 		b := make([]byte, n)
 		return &b
 	}
-	if bp, ok := pcBufPools[c].Get().(*[]byte); ok {
+	if bp, ok := bufPools[c].Get().(*[]byte); ok {
 		return bp
 	}
 	b := make([]byte, stack.SectorSize<<c)
 	return &b
 }
 
-// pcPutBuf returns bp, of capacity size, to its pool. The caller passes the
+// putBuf returns bp, of capacity size, to its pool. The caller passes the
 // capacity it knows, so that a free does not load the slice header bp
 // points to (a cache miss per entry in a full cache).
-func pcPutBuf(bp *[]byte, size int) {
-	if c := pcBufClass(size); c < pcBufClasses && size == stack.SectorSize<<c {
-		pcBufPools[c].Put(bp)
+func putBuf(bp *[]byte, size int) {
+	if c := bufClass(size); c < bufClasses && size == stack.SectorSize<<c {
+		bufPools[c].Put(bp)
 	}
 }
 
-// pcBufClass is the smallest class holding n bytes.
-func pcBufClass(n int) int {
+// bufClass is the smallest class holding n bytes.
+func bufClass(n int) int {
 	if n <= stack.SectorSize {
 		return 0
 	}
 	return bits.Len(uint((n - 1) / stack.SectorSize)) // ceil(log2(n/512))
 }
 
-func pcNewEntry(kind stack.Op, off, n int64) *pcEntry {
-	e := pcEntryPool.Get().(*pcEntry)
+func newEntry(kind stack.Op, off, n int64) *entry {
+	e := entryPool.Get().(*entry)
 	e.kind, e.off, e.end = kind, off, off+n
 	if kind == stats.Write {
-		e.buf = pcGetBuf(int(n))
+		e.buf = getBuf(int(n))
 		e.data = (*e.buf)[:n]
 	}
 	return e
 }
 
-func pcFreeEntry(e *pcEntry) {
+func freeEntry(e *entry) {
 	if e.buf != nil {
-		pcPutBuf(e.buf, cap(e.data))
+		putBuf(e.buf, cap(e.data))
 	}
-	*e = pcEntry{holes: e.holes[:0]}
-	pcEntryPool.Put(e)
+	*e = entry{holes: e.holes[:0]}
+	entryPool.Put(e)
 }
 
 // add caches e, or writes it through when it is larger than the cache, and
 // destages the oldest entries while the cache is over its bound.
-func (p *powercut) add(ctx context.Context, e *pcEntry) error {
+func (p *powercut) add(ctx context.Context, e *entry) error {
 	s := e.sectors()
 	if s > p.limit {
 		return p.writeThrough(ctx, e)
@@ -136,7 +136,7 @@ func (p *powercut) add(ctx context.Context, e *pcEntry) error {
 	m := p.idx.lock(e.off, e.end)
 	if p.down.Load() {
 		p.idx.unlock(m)
-		pcFreeEntry(e)
+		freeEntry(e)
 		return syscall.EIO
 	}
 	p.list.Lock()
@@ -279,18 +279,18 @@ func (p *powercut) wakeRoom() {
 
 // snapshot returns the oldest cached entry, how many entries are cached and
 // the sectors they touch, read together. The first n-1 entries' next links
-// may be followed without list held (pcWalk): they were set before.
-func (p *powercut) snapshot() (head *pcEntry, n, sectors int64) {
+// may be followed without list held (walk): they were set before.
+func (p *powercut) snapshot() (head *entry, n, sectors int64) {
 	p.list.Lock()
 	defer p.list.Unlock()
 	return p.list.head, p.count.Load(), p.sectors.Load()
 }
 
-// pcWalk calls f on the k entries from first, in list order, until f
+// walk calls f on the k entries from first, in list order, until f
 // returns false, and returns the last entry it called f on. It follows a
 // next link only to an entry it visits, so that the last entry's link,
 // which a write joining the list may be setting, is never read.
-func pcWalk(first *pcEntry, k int64, f func(e *pcEntry) bool) *pcEntry {
+func walk(first *entry, k int64, f func(e *entry) bool) *entry {
 	e := first
 	for ; k > 0; k-- {
 		if !f(e) || k == 1 {
@@ -308,21 +308,21 @@ func pcWalk(first *pcEntry, k int64, f func(e *pcEntry) bool) *pcEntry {
 func (p *powercut) destageLocked(ctx context.Context) error {
 	first, n, total := p.snapshot()
 	k, excess := int64(0), total-(p.limit-p.limit/8)
-	long := excess > pcLongSectors
+	long := excess > longSectors
 	if total > p.limit {
-		pcWalk(first, n, func(e *pcEntry) bool {
+		walk(first, n, func(e *entry) bool {
 			excess -= e.sectors()
 			k++
 			return excess > 0
 		})
 	}
-	return p.writeBack(ctx, k, long || k > pcLongEntries)
+	return p.writeBack(ctx, k, long || k > longEntries)
 }
 
 // writeThrough writes e, larger than the cache, to the device after every
 // cached entry, and frees it.
-func (p *powercut) writeThrough(ctx context.Context, e *pcEntry) error {
-	defer pcFreeEntry(e)
+func (p *powercut) writeThrough(ctx context.Context, e *entry) error {
+	defer freeEntry(e)
 	stack.Waiting(ctx)
 	p.wb.Lock()
 	defer p.wb.Unlock()
@@ -357,7 +357,7 @@ func (p *powercut) writeFUA(ctx context.Context, b []byte, off int64) (int, erro
 		p.gen.Add(1)
 		p.masks.Lock()
 		first, k, _ := p.snapshot()
-		pcWalk(first, k, func(e *pcEntry) bool {
+		walk(first, k, func(e *entry) bool {
 			if e.off < end && off < e.end {
 				e.mask(max(e.off, off), min(e.end, end))
 			}
@@ -403,13 +403,13 @@ func (p *powercut) lockWB(ctx context.Context) {
 	}
 }
 
-// A write-back of more than pcLongEntries entries or pcLongSectors sectors
+// A write-back of more than longEntries entries or longSectors sectors
 // is long: its request tells its transport that it waits (4 MiB, or 1024
 // writes: milliseconds). A shorter one is cheaper than a hand-off of the
 // queue.
 const (
-	pcLongEntries = 1024
-	pcLongSectors = 8192
+	longEntries = 1024
+	longSectors = 8192
 )
 
 // writeBackAllLocked writes back every cached entry; the caller holds wb.
@@ -418,7 +418,7 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 		return syscall.EIO
 	}
 	_, k, sectors := p.snapshot()
-	if err := p.writeBack(ctx, k, k > pcLongEntries || sectors > pcLongSectors); err != nil {
+	if err := p.writeBack(ctx, k, k > longEntries || sectors > longSectors); err != nil {
 		return err
 	}
 	// Every entry the destager failed to write back is on the device
@@ -429,13 +429,13 @@ func (p *powercut) writeBackAllLocked(ctx context.Context) error {
 	return nil
 }
 
-// pcWriteBackBatch is how many written-back entries leave the cache at a
+// writeBackBatch is how many written-back entries leave the cache at a
 // time, so that a long write-back makes room (and lets waiting writes in)
 // as it goes.
-const pcWriteBackBatch = 32
+const writeBackBatch = 32
 
 // writeBack writes the k oldest entries to the device in order, dropping
-// them from the cache pcWriteBackBatch at a time; long says they make a
+// them from the cache writeBackBatch at a time; long says they make a
 // long write-back. The caller holds wb exclusively: nothing else takes
 // entries off the head of the list.
 func (p *powercut) writeBack(ctx context.Context, k int64, long bool) error {
@@ -448,7 +448,7 @@ func (p *powercut) writeBack(ctx context.Context, k int64, long bool) error {
 		first, _, _ := p.snapshot()
 		var err error
 		done := int64(0)
-		pcWalk(first, min(k, pcWriteBackBatch), func(e *pcEntry) bool {
+		walk(first, min(k, writeBackBatch), func(e *entry) bool {
 			if err = p.writeEntry(ctx, e, e.end-e.off); err != nil {
 				return false
 			}
@@ -466,13 +466,13 @@ func (p *powercut) writeBack(ctx context.Context, k int64, long bool) error {
 
 // drop takes the k oldest entries, from first, written back, off the cache
 // and frees them. The caller holds wb exclusively.
-func (p *powercut) drop(first *pcEntry, k int64) {
+func (p *powercut) drop(first *entry, k int64) {
 	if k == 0 {
 		return
 	}
 	p.gen.Add(1)
 	var sectors int64
-	last := pcWalk(first, k, func(e *pcEntry) bool {
+	last := walk(first, k, func(e *entry) bool {
 		m := p.idx.lock(e.off, e.end)
 		p.idx.clear(e.off, e.end, e)
 		p.idx.unlock(m)
@@ -493,14 +493,14 @@ func (p *powercut) drop(first *pcEntry, k int64) {
 	}
 	for e := first; k > 0; k-- {
 		next := e.next
-		pcFreeEntry(e)
+		freeEntry(e)
 		e = next
 	}
 }
 
 // writeEntry applies the first keep bytes of e to the device, less its
 // holes.
-func (p *powercut) writeEntry(ctx context.Context, e *pcEntry, keep int64) error {
+func (p *powercut) writeEntry(ctx context.Context, e *entry, keep int64) error {
 	return e.pieces(keep, func(a, b int64) error {
 		switch e.kind {
 		case stats.Discard:

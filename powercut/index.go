@@ -8,79 +8,79 @@ import (
 	"github.com/dmfuse/dmfuse/stats"
 )
 
-// pcChunkShift sets the span of one index chunk: 1 MiB.
-const pcChunkShift = 20
+// chunkShift sets the span of one index chunk: 1 MiB.
+const chunkShift = 20
 
-// pcExtent is a byte range [off, end) whose newest cached data is e's.
-type pcExtent struct {
+// extent is a byte range [off, end) whose newest cached data is e's.
+type extent struct {
 	off, end int64
-	e        *pcEntry
+	e        *entry
 }
 
-// pcChunk holds the extents inside one 1 MiB span, sorted and disjoint.
-type pcChunk struct{ ext []pcExtent }
+// chunk holds the extents inside one 1 MiB span, sorted and disjoint.
+type chunk struct{ ext []extent }
 
-// pcFlatChunks is the most chunks an index keeps in a slice indexed by
+// flatChunks is the most chunks an index keeps in a slice indexed by
 // chunk (a target of up to 16 GiB: 384 KiB of chunk headers); a larger
 // target keeps its chunks in a map.
-const pcFlatChunks = 1 << 14
+const flatChunks = 1 << 14
 
-// pcFlatKeep is the most extents an emptied chunk of a slice index keeps
+// flatKeep is the most extents an emptied chunk of a slice index keeps
 // room for (768 bytes, so that a chunk that empties and fills again does
 // not allocate; at most 12 MiB over a 16 GiB target).
-const pcFlatKeep = 32
+const flatKeep = 32
 
-// pcIndex maps each cached byte to the newest entry holding it. It is split
+// index maps each cached byte to the newest entry holding it. It is split
 // into chunks so that an insertion moves only the extents of a chunk. The
-// chunks of a target of at most pcFlatChunks chunks are a slice indexed by
+// chunks of a target of at most flatChunks chunks are a slice indexed by
 // chunk, so that finding one touches no map: an index operation is bound by
 // the cache misses on the way to the extents. An empty chunk there has no
 // extents.
 //
-// Chunk ck belongs to stripe ck % pcStripes, whose lock guards it (and,
+// Chunk ck belongs to stripe ck % numStripes, whose lock guards it (and,
 // for a larger target, the map its chunks are kept in): lock and unlock
 // take the stripes of a range. The methods below expect the stripes of
 // the range they touch held, or no concurrency.
-type pcIndex struct {
-	flat    []pcChunk
-	stripes [pcStripes]pcStripe
+type index struct {
+	flat    []chunk
+	stripes [numStripes]stripe
 }
 
-// pcStripes is the number of stripes of an index: consecutive chunks fall
+// numStripes is the number of stripes of an index: consecutive chunks fall
 // in different stripes, so a range of up to 64 MiB locks each stripe once.
-const pcStripes = 64
+const numStripes = 64
 
-// pcStripe is one lock of an index, and the chunks it guards when they are
+// stripe is one lock of an index, and the chunks it guards when they are
 // kept in a map. It fills a cache line, so that stripes taken on two CPUs
 // do not share one.
-type pcStripe struct {
+type stripe struct {
 	sync.Mutex
-	chunks map[int64]*pcChunk
-	free   []*pcChunk
+	chunks map[int64]*chunk
+	free   []*chunk
 	_      [64 - 8 - 8 - 24]byte
 }
 
 // init sets the index up for a target of length bytes.
-func (x *pcIndex) init(length int64) {
-	if n := (length + 1<<pcChunkShift - 1) >> pcChunkShift; n <= pcFlatChunks {
-		x.flat = make([]pcChunk, n)
+func (x *index) init(length int64) {
+	if n := (length + 1<<chunkShift - 1) >> chunkShift; n <= flatChunks {
+		x.flat = make([]chunk, n)
 		return
 	}
 	for i := range x.stripes {
-		x.stripes[i].chunks = make(map[int64]*pcChunk)
+		x.stripes[i].chunks = make(map[int64]*chunk)
 	}
 }
 
-// pcStripeMask returns the stripes [off, end) touches, as a bit mask.
-func pcStripeMask(off, end int64) uint64 {
-	first, last := off>>pcChunkShift, (end-1)>>pcChunkShift
+// stripeMask returns the stripes [off, end) touches, as a bit mask.
+func stripeMask(off, end int64) uint64 {
+	first, last := off>>chunkShift, (end-1)>>chunkShift
 	if end <= off {
 		last = first
 	}
-	if last-first >= pcStripes-1 {
+	if last-first >= numStripes-1 {
 		return ^uint64(0)
 	}
-	a, b := uint(first%pcStripes), uint(last%pcStripes)
+	a, b := uint(first%numStripes), uint(last%numStripes)
 	lo := ^uint64(0) >> (63 - b) // stripes 0 to b
 	hi := ^(uint64(1)<<a - 1)    // stripes a to 63
 	if a <= b {
@@ -91,8 +91,8 @@ func pcStripeMask(off, end int64) uint64 {
 
 // lock takes the stripes of [off, end), in ascending order, and returns
 // them for unlock.
-func (x *pcIndex) lock(off, end int64) uint64 {
-	m := pcStripeMask(off, end)
+func (x *index) lock(off, end int64) uint64 {
+	m := stripeMask(off, end)
 	for s := m; s != 0; s &= s - 1 {
 		x.stripes[bits.TrailingZeros64(s)].Lock()
 	}
@@ -100,7 +100,7 @@ func (x *pcIndex) lock(off, end int64) uint64 {
 }
 
 // lockAll takes every stripe.
-func (x *pcIndex) lockAll() uint64 {
+func (x *index) lockAll() uint64 {
 	for i := range x.stripes {
 		x.stripes[i].Lock()
 	}
@@ -108,35 +108,35 @@ func (x *pcIndex) lockAll() uint64 {
 }
 
 // unlock releases the stripes of m.
-func (x *pcIndex) unlock(m uint64) {
+func (x *index) unlock(m uint64) {
 	for s := m; s != 0; s &= s - 1 {
 		x.stripes[bits.TrailingZeros64(s)].Unlock()
 	}
 }
 
 // get returns chunk ck, nil when it has no extents.
-func (x *pcIndex) get(ck int64) *pcChunk {
+func (x *index) get(ck int64) *chunk {
 	if x.flat != nil {
 		if c := &x.flat[ck]; len(c.ext) > 0 {
 			return c
 		}
 		return nil
 	}
-	return x.stripes[ck%pcStripes].chunks[ck]
+	return x.stripes[ck%numStripes].chunks[ck]
 }
 
 // chunk returns chunk ck, making it when it has none.
-func (x *pcIndex) chunk(ck int64) *pcChunk {
+func (x *index) chunk(ck int64) *chunk {
 	if x.flat != nil {
 		return &x.flat[ck]
 	}
-	st := &x.stripes[ck%pcStripes]
-	var c *pcChunk
+	st := &x.stripes[ck%numStripes]
+	var c *chunk
 	if c = st.chunks[ck]; c == nil {
 		if n := len(st.free); n > 0 {
 			c, st.free = st.free[n-1], st.free[:n-1]
 		} else {
-			c = new(pcChunk)
+			c = new(chunk)
 		}
 		st.chunks[ck] = c
 	}
@@ -144,20 +144,20 @@ func (x *pcIndex) chunk(ck int64) *pcChunk {
 }
 
 // emptied is called when chunk ck, c, has no extents left.
-func (x *pcIndex) emptied(ck int64, c *pcChunk) {
+func (x *index) emptied(ck int64, c *chunk) {
 	if x.flat != nil {
-		if cap(c.ext) > pcFlatKeep {
+		if cap(c.ext) > flatKeep {
 			c.ext = nil
 		}
 		return
 	}
-	st := &x.stripes[ck%pcStripes]
+	st := &x.stripes[ck%numStripes]
 	delete(st.chunks, ck)
 	st.free = append(st.free, c)
 }
 
 // reset empties the index.
-func (x *pcIndex) reset() {
+func (x *index) reset() {
 	for i := range x.flat {
 		if c := &x.flat[i]; len(c.ext) > 0 {
 			c.ext = c.ext[:0]
@@ -175,7 +175,7 @@ func (x *pcIndex) reset() {
 }
 
 // search returns the index of the first extent of c ending after off.
-func (c *pcChunk) search(off int64) int {
+func (c *chunk) search(off int64) int {
 	lo, hi := 0, len(c.ext)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
@@ -190,12 +190,12 @@ func (c *pcChunk) search(off int64) int {
 
 // chunkSpan clips [off, end) to chunk ck.
 func chunkSpan(ck, off, end int64) (int64, int64) {
-	return max(off, ck<<pcChunkShift), min(end, (ck+1)<<pcChunkShift)
+	return max(off, ck<<chunkShift), min(end, (ck+1)<<chunkShift)
 }
 
 // put makes e the newest data of [off, end).
-func (x *pcIndex) put(off, end int64, e *pcEntry) {
-	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+func (x *index) put(off, end int64, e *entry) {
+	for ck := off >> chunkShift; ck<<chunkShift < end; ck++ {
 		c := x.chunk(ck)
 		a, b := chunkSpan(ck, off, end)
 		c.replace(a, b, e)
@@ -204,24 +204,24 @@ func (x *pcIndex) put(off, end int64, e *pcEntry) {
 
 // replace puts e over [a, b) of c (nil e: clears it), keeping what extents
 // overlapping it hold outside it.
-func (c *pcChunk) replace(a, b int64, e *pcEntry) {
+func (c *chunk) replace(a, b int64, e *entry) {
 	i := c.search(a)
 	j := i
 	for j < len(c.ext) && c.ext[j].off < b {
 		j++
 	}
-	var rep [3]pcExtent
+	var rep [3]extent
 	k := 0
 	if i < j && c.ext[i].off < a {
-		rep[k] = pcExtent{c.ext[i].off, a, c.ext[i].e}
+		rep[k] = extent{c.ext[i].off, a, c.ext[i].e}
 		k++
 	}
 	if e != nil {
-		rep[k] = pcExtent{a, b, e}
+		rep[k] = extent{a, b, e}
 		k++
 	}
 	if i < j && c.ext[j-1].end > b {
-		rep[k] = pcExtent{b, c.ext[j-1].end, c.ext[j-1].e}
+		rep[k] = extent{b, c.ext[j-1].end, c.ext[j-1].e}
 		k++
 	}
 	c.ext = slices.Replace(c.ext, i, j, rep[:k]...)
@@ -229,8 +229,8 @@ func (c *pcChunk) replace(a, b int64, e *pcEntry) {
 
 // clear removes [off, end) from the index: all of it when only is nil,
 // else only the extents of entry only.
-func (x *pcIndex) clear(off, end int64, only *pcEntry) {
-	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+func (x *index) clear(off, end int64, only *entry) {
+	for ck := off >> chunkShift; ck<<chunkShift < end; ck++ {
 		c := x.get(ck)
 		if c == nil {
 			continue
@@ -260,8 +260,8 @@ func (x *pcIndex) clear(off, end int64, only *pcEntry) {
 }
 
 // overlaps reports whether any byte of [off, end) is cached.
-func (x *pcIndex) overlaps(off, end int64) bool {
-	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+func (x *index) overlaps(off, end int64) bool {
+	for ck := off >> chunkShift; ck<<chunkShift < end; ck++ {
 		c := x.get(ck)
 		if c == nil {
 			continue
@@ -275,9 +275,9 @@ func (x *pcIndex) overlaps(off, end int64) bool {
 }
 
 // covers reports whether every byte of [off, end) is cached.
-func (x *pcIndex) covers(off, end int64) bool {
+func (x *index) covers(off, end int64) bool {
 	pos := off
-	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+	for ck := off >> chunkShift; ck<<chunkShift < end; ck++ {
 		c := x.get(ck)
 		if c == nil {
 			return false
@@ -294,9 +294,9 @@ func (x *pcIndex) covers(off, end int64) bool {
 }
 
 // read lays the cached data of [off, off+len(p)) over p.
-func (x *pcIndex) read(p []byte, off int64) {
+func (x *index) read(p []byte, off int64) {
 	end := off + int64(len(p))
-	for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
+	for ck := off >> chunkShift; ck<<chunkShift < end; ck++ {
 		c := x.get(ck)
 		if c == nil {
 			continue

@@ -12,21 +12,21 @@ import (
 // index of a large one map every byte to the same entry as a byte-by-byte
 // model, through puts, clears of one entry, clears of a range and resets.
 func TestPowercutIndexForms(t *testing.T) {
-	const size = 8 << pcChunkShift
-	for _, length := range []int64{size, (pcFlatChunks + 1) << pcChunkShift} {
-		var x pcIndex
+	const size = 8 << chunkShift
+	for _, length := range []int64{size, (flatChunks + 1) << chunkShift} {
+		var x index
 		x.init(length)
 		if (x.flat != nil) != (length == size) {
 			t.Fatalf("length %d: flat %v", length, x.flat != nil)
 		}
-		model := make([]*pcEntry, size)
-		var ents []*pcEntry // put, oldest first
+		model := make([]*entry, size)
+		var ents []*entry // put, oldest first
 		rng := rand.New(rand.NewPCG(1, 2))
 		check := func(step int) {
 			t.Helper()
-			for ck := int64(0); ck < size>>pcChunkShift; ck++ {
+			for ck := int64(0); ck < size>>chunkShift; ck++ {
 				c := x.get(ck)
-				pos := ck << pcChunkShift
+				pos := ck << chunkShift
 				if c != nil {
 					for _, ex := range c.ext {
 						for ; pos < ex.off; pos++ {
@@ -41,7 +41,7 @@ func TestPowercutIndexForms(t *testing.T) {
 						}
 					}
 				}
-				for ; pos < (ck+1)<<pcChunkShift; pos++ {
+				for ; pos < (ck+1)<<chunkShift; pos++ {
 					if model[pos] != nil {
 						t.Fatalf("length %d step %d: byte %d not indexed", length, step, pos)
 					}
@@ -50,10 +50,10 @@ func TestPowercutIndexForms(t *testing.T) {
 		}
 		for step := range 2000 {
 			off := rng.Int64N(size)
-			end := min(size, off+1+rng.Int64N(3<<pcChunkShift/2))
+			end := min(size, off+1+rng.Int64N(3<<chunkShift/2))
 			switch r := rng.IntN(100); {
 			case r < 60:
-				e := &pcEntry{kind: stats.Write, off: off, end: end}
+				e := &entry{kind: stats.Write, off: off, end: end}
 				ents = append(ents, e)
 				x.put(off, end, e)
 				for i := off; i < end; i++ {
@@ -94,14 +94,14 @@ func BenchmarkPowercutIndex(b *testing.B) {
 	for _, form := range []struct {
 		name   string
 		length int64
-	}{{"slice", 1 << 30}, {"map", (pcFlatChunks + 1) << pcChunkShift}} {
+	}{{"slice", 1 << 30}, {"map", (flatChunks + 1) << chunkShift}} {
 		b.Run(form.name, func(b *testing.B) {
-			var x pcIndex
+			var x index
 			x.init(form.length)
 			const n = 8192
-			ring := make([]pcEntry, n)
+			ring := make([]entry, n)
 			rng := rand.New(rand.NewPCG(3, 4))
-			put := func(e *pcEntry) {
+			put := func(e *entry) {
 				e.off = rng.Int64N(1<<30/4096) * 4096
 				e.end = e.off + 4096
 				x.put(e.off, e.end, e)
@@ -124,13 +124,13 @@ func BenchmarkPowercutIndex(b *testing.B) {
 func TestPowercutStripeMask(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 20000 {
-		off := rng.Int64N(200 << pcChunkShift)
-		end := off + 1 + rng.Int64N(int64(1+rng.IntN(100))<<pcChunkShift)
+		off := rng.Int64N(200 << chunkShift)
+		end := off + 1 + rng.Int64N(int64(1+rng.IntN(100))<<chunkShift)
 		var want uint64
-		for ck := off >> pcChunkShift; ck<<pcChunkShift < end; ck++ {
-			want |= 1 << (ck % pcStripes)
+		for ck := off >> chunkShift; ck<<chunkShift < end; ck++ {
+			want |= 1 << (ck % numStripes)
 		}
-		if got := pcStripeMask(off, end); got != want {
+		if got := stripeMask(off, end); got != want {
 			t.Fatalf("[%d, %d): mask %#x, want %#x", off, end, got, want)
 		}
 	}

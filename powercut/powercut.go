@@ -37,12 +37,12 @@ import (
 // flush covered are lost (or, with random and torn, partly kept).
 var Type = &stack.TargetType{Name: "powercut", Version: [3]int{1, 0, 0}, New: newPowercut}
 
-// pcDefaultCacheSectors is the default cache bound: 32 MiB.
-const pcDefaultCacheSectors = 65536
+// defaultCacheSectors is the default cache bound: 32 MiB.
+const defaultCacheSectors = 65536
 
-// pcSeedStream is the second PCG seed word of the cut draws; the seed sets
+// seedStream is the second PCG seed word of the cut draws; the seed sets
 // the first.
-const pcSeedStream = 0x5eed_c0de_9e37_79b9
+const seedStream = 0x5eed_c0de_9e37_79b9
 
 // powercut is one constructed powercut target.
 //
@@ -75,8 +75,8 @@ type powercut struct {
 	hasLimit bool
 
 	wb sync.RWMutex
-	// wbLong is set while wb is held for a long write-back (pcLongEntries,
-	// pcLongSectors).
+	// wbLong is set while wb is held for a long write-back (longEntries,
+	// longSectors).
 	wbLong atomic.Bool
 	// memory is Ctor.Memory; reserved what the cache accounted there.
 	memory   func(n int64)
@@ -98,14 +98,14 @@ type powercut struct {
 	around   atomic.Uint64 // writes written around a full cache
 	inAround atomic.Int64  // of them on their way; counted under their stripes
 
-	idx pcIndex
+	idx index
 
 	// masks serialises FUA writes masking cached entries.
 	masks sync.Mutex
 
 	list struct {
 		sync.Mutex
-		head, tail *pcEntry // arrival order
+		head, tail *entry // arrival order
 	}
 
 	// destaging is set, under room, while the destager (a goroutine of
@@ -211,7 +211,7 @@ func newPowercut(c *stack.Ctor, args []string) (stack.Target, error) {
 		return nil, stack.Errorf("Invalid argument count")
 	}
 	a := stack.NewArgs(args[2:])
-	p := &powercut{limit: pcDefaultCacheSectors}
+	p := &powercut{limit: defaultCacheSectors}
 	if a.Len() > 0 {
 		n, err := a.Group(0, 2, "Invalid number of feature args")
 		if err != nil {
@@ -327,7 +327,7 @@ func (p *powercut) WriteAt(ctx context.Context, b []byte, off int64) (int, error
 			return n, err
 		}
 	}
-	e := pcNewEntry(stats.Write, off, int64(len(b)))
+	e := newEntry(stats.Write, off, int64(len(b)))
 	copy(e.data, b)
 	if err := p.add(ctx, e); err != nil {
 		return 0, err
@@ -382,7 +382,7 @@ func (p *powercut) span(ctx context.Context, kind stack.Op, off, n int64) error 
 	if n <= 0 {
 		return nil
 	}
-	return p.add(ctx, pcNewEntry(kind, off, n))
+	return p.add(ctx, newEntry(kind, off, n))
 }
 
 // Postsuspend implements Postsuspender: the cache is written back, so that
@@ -393,8 +393,8 @@ func (p *powercut) Postsuspend() {
 	_ = p.writeBackAllLocked(context.Background())
 }
 
-// pcMsgError is a failed message: EINVAL with the reason.
-func pcMsgError(format string, a ...any) error {
+// msgError is a failed message: EINVAL with the reason.
+func msgError(format string, a ...any) error {
 	return &stack.ArgError{Reason: fmt.Sprintf(format, a...), Errno: syscall.EINVAL}
 }
 
@@ -402,7 +402,7 @@ func pcMsgError(format string, a ...any) error {
 // newPowercut).
 func (p *powercut) Message(ctx context.Context, args []string) (string, error) {
 	if len(args) == 0 {
-		return "", pcMsgError("Empty message")
+		return "", msgError("Empty message")
 	}
 	verb := args[0]
 	switch {
@@ -414,12 +414,12 @@ func (p *powercut) Message(ctx context.Context, args []string) (string, error) {
 		return p.cut(ctx, mode, seed)
 	case strings.EqualFold(verb, "power_on"):
 		if len(args) > 1 {
-			return "", pcMsgError("power_on takes no arguments")
+			return "", msgError("power_on takes no arguments")
 		}
 		p.wb.Lock()
 		defer p.wb.Unlock()
 		if !p.down.Load() {
-			return "", pcMsgError("power_on: the power is already on")
+			return "", msgError("power_on: the power is already on")
 		}
 		m := p.idx.lockAll()
 		p.down.Store(false)
@@ -427,11 +427,11 @@ func (p *powercut) Message(ctx context.Context, args []string) (string, error) {
 		return "", nil
 	case strings.EqualFold(verb, "dirty"):
 		if len(args) > 1 {
-			return "", pcMsgError("dirty takes no arguments")
+			return "", msgError("dirty takes no arguments")
 		}
 		return p.dirty(), nil
 	}
-	return "", pcMsgError("Unrecognised message %q (want power_cut, power_on or dirty)", verb)
+	return "", msgError("Unrecognised message %q (want power_cut, power_on or dirty)", verb)
 }
 
 // parseCut reads the arguments after power_cut: mode "all" for none, else
@@ -446,7 +446,7 @@ func parseCut(args []string) (mode string, seed uint64, err error) {
 	case strings.EqualFold(args[0], "torn"):
 		mode = "torn"
 	default:
-		return "", 0, pcMsgError("power_cut %s: unknown mode (want random or torn)", args[0])
+		return "", 0, msgError("power_cut %s: unknown mode (want random or torn)", args[0])
 	}
 	switch len(args) {
 	case 1:
@@ -454,11 +454,11 @@ func parseCut(args []string) (mode string, seed uint64, err error) {
 	case 2:
 		seed, err = stack.ParseUint64(args[1])
 		if err != nil {
-			return "", 0, pcMsgError("power_cut %s %s: invalid seed (want an unsigned 64-bit decimal)", mode, args[1])
+			return "", 0, msgError("power_cut %s %s: invalid seed (want an unsigned 64-bit decimal)", mode, args[1])
 		}
 		return mode, seed, nil
 	}
-	return "", 0, pcMsgError("power_cut %s: too many arguments", mode)
+	return "", 0, msgError("power_cut %s: too many arguments", mode)
 }
 
 // cut switches the power off: the cache is emptied, the entries that
@@ -467,7 +467,7 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 	p.wb.Lock()
 	defer p.wb.Unlock()
 	if p.down.Load() {
-		return "", pcMsgError("power_cut: the power is already off")
+		return "", msgError("power_cut: the power is already off")
 	}
 	m := p.idx.lockAll()
 	p.down.Store(true)
@@ -494,7 +494,7 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 	p.room.cond.Broadcast()
 	p.room.Unlock()
 
-	rng := rand.New(rand.NewPCG(seed, pcSeedStream))
+	rng := rand.New(rand.NewPCG(seed, seedStream))
 	var survived, torn int64
 	var err error
 	e := first
@@ -515,7 +515,7 @@ func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, e
 			err = p.writeEntry(ctx, e, keep)
 		}
 		next := e.next
-		pcFreeEntry(e)
+		freeEntry(e)
 		e = next
 	}
 	if err == nil && survived > 0 {
@@ -542,7 +542,7 @@ func (p *powercut) dirty() string {
 		return "no cached writes"
 	}
 	var b strings.Builder
-	pcWalk(first, k, func(e *pcEntry) bool {
+	walk(first, k, func(e *entry) bool {
 		b.WriteString(strconv.FormatInt(e.off/stack.SectorSize, 10))
 		b.WriteByte('+')
 		b.WriteString(strconv.FormatInt(e.sectors(), 10))

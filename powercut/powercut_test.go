@@ -911,8 +911,8 @@ func TestPowercutUnderMultipath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	defer m.Close()
 	for _, c := range []struct{ name, table string }{
 		{"slow", "0 2048 delay " + img + " 0 0 " + img + " 0 1"},
 		{"pc", "0 2048 powercut slow 0"},
@@ -1280,8 +1280,8 @@ func pcLogStack(t *testing.T, tables ...[2]string) (m *stack.Manager, img, logIm
 	if err != nil {
 		t.Fatal(err)
 	}
-	m = stack.NewManager(context.Background(), reg, nil)
-	t.Cleanup(func() { m.RemoveAll() })
+	m = stack.NewManager(stack.ManagerOptions{Registry: reg})
+	t.Cleanup(func() { m.Close() })
 	for _, c := range tables {
 		table := strings.NewReplacer("IMG", img, "LOG", logImg).Replace(c[1])
 		if _, err := m.Create(stack.CreateOptions{Name: c[0], Minor: -1, Table: table}); err != nil {
@@ -1314,7 +1314,7 @@ func pcLogWorkload(t *testing.T, m *stack.Manager, dev string, remove ...string)
 		t.Fatal(err)
 	}
 	for _, name := range remove {
-		if err := m.Remove(name); err != nil {
+		if err := m.Remove(name, stack.Flags{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1366,7 +1366,7 @@ func TestPowercutUnderLogWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"lw", "pc"} {
-		if err := m.Remove(name); err != nil {
+		if err := m.Remove(name, stack.Flags{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1457,16 +1457,15 @@ func TestPowercutMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
-	m.Memory = func(n int64) { held += n }
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Memory: func(n int64) { held += n }})
+	defer m.Close()
 	if _, err := m.Create(stack.CreateOptions{Name: "pc", Minor: -1, Table: "0 2048 powercut " + img + " 0 2 cache_sectors 1024"}); err != nil {
 		t.Fatal(err)
 	}
 	if held != 1<<20 {
 		t.Errorf("a device over a 512 KiB cache accounts %d bytes through its Manager, want %d", held, 1<<20)
 	}
-	if err := m.Remove("pc"); err != nil {
+	if err := m.Remove("pc", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if held != 0 {

@@ -68,64 +68,14 @@
 // includes its whole idle spell, its estimate grows, it is probed ever more
 // rarely, and it starves.
 //
-// sim_test.go replays the seed experiment (dm-devel, May 2022) in a
-// deterministic discrete-event simulation: 10 paths, each serving one I/O at
-// a time FIFO in cost x 100 us, costs 1,1,1,4,8,8,16,16,1,1 (sdd..sdm), a
-// closed workload of depth 64, 500,000 completions counted after 50,000,
-// time from a clock.Manual. Best is (1/c_i) / sum_j (1/c_j). Legs: RR, QL, ST
-// (rt 1), "ST rt" (relative_throughput 16:4:2:1, the paths' real ratio), HST
-// with the nanosecond clock, "HST 1ms" (the selector's clock and the stamps
-// all truncated to 1 ms) and "HST jif" (nanosecond clock, pre-5.19 jiffies
-// stamps at HZ=1000, uptime 1 h):
-//
-//	go test ./selectors -run TestSimulation -v
-//
-//	| path | cost | RR    | QL    | ST    | ST rt | HST   | HST 1ms | HST jif | Best  |
-//	|------|-----:|------:|------:|------:|------:|------:|--------:|--------:|------:|
-//	| sdd  |    1 | 0.100 | 0.178 | 0.178 | 0.182 | 0.186 |   0.178 |   0.200 | 0.178 |
-//	| sde  |    1 | 0.100 | 0.178 | 0.178 | 0.182 | 0.186 |   0.178 |   0.200 | 0.178 |
-//	| sdf  |    1 | 0.100 | 0.178 | 0.178 | 0.182 | 0.186 |   0.178 |   0.200 | 0.178 |
-//	| sdg  |    4 | 0.100 | 0.044 | 0.044 | 0.045 | 0.046 |   0.045 |   0.000 | 0.044 |
-//	| sdh  |    8 | 0.100 | 0.022 | 0.022 | 0.023 | 0.012 |   0.022 |   0.000 | 0.022 |
-//	| sdi  |    8 | 0.100 | 0.022 | 0.022 | 0.023 | 0.012 |   0.022 |   0.000 | 0.022 |
-//	| sdj  |   16 | 0.100 | 0.011 | 0.011 | 0.000 | 0.001 |   0.010 |   0.000 | 0.011 |
-//	| sdk  |   16 | 0.100 | 0.011 | 0.011 | 0.000 | 0.001 |   0.010 |   0.000 | 0.011 |
-//	| sdl  |    1 | 0.100 | 0.178 | 0.178 | 0.182 | 0.186 |   0.178 |   0.200 | 0.178 |
-//	| sdm  |    1 | 0.100 | 0.178 | 0.178 | 0.182 | 0.186 |   0.178 |   0.200 | 0.178 |
-//	| max dev     | 0.089 | 0.000 | 0.000 | 0.011 | 0.011 |   0.001 |   0.044 |       |
-//	| kIOPS       |  6.25 | 56.25 | 56.25 | 55.00 | 53.86 |   56.09 |   50.00 | 56.25 |
-//
-// "HST jif" is the seed's "HST (orig)" column exactly: 0.20 on each fast path,
-// 0.00 on each slow one, 11% less throughput. With the nanosecond clock HST is
-// within 0.011 of Best everywhere (the test asserts <= 0.03; HST trades the
-// slowest paths' share for latency, hence 0.012 instead of 0.022 at cost 8).
-// Two findings the test pins down:
-//
-//   - A clock that is merely coarse is not the problem: "HST 1ms" (also at
-//     4 ms) is within 0.001 of Best, because truncation errors average out
-//     in the EMA of a busy path. The damage comes from the stamp living in
-//     another clock domain. In the first five minutes of uptime the jiffies
-//     stamp is ahead of ktime instead, every sample is 0, and HST degenerates
-//     to queue-length (max dev 0.000 here).
-//   - Starving every slow path misses Best by at most 0.044 in this cost
-//     model (the cost-4 path's share), which is also the seed's own miss; so
-//     the test asserts the jiffies leg's deviation is >= 0.04 and >= 3x the
-//     nanosecond leg's, and that every slow path gets < 0.005.
-//
-// Max |share - Best| by depth and clock (TestSimulationSweep; 200,000 I/Os):
-//
-//	| depth | HZ   | RR    | QL    | ST    | ST rt | HST   | HST 1ms | HST jif |
-//	|------:|-----:|------:|------:|------:|------:|------:|--------:|--------:|
-//	|     8 | 1000 | 0.089 | 0.025 | 0.025 | 0.044 | 0.040 |   0.010 |   0.044 |
-//	|    16 | 1000 | 0.089 | 0.000 | 0.000 | 0.044 | 0.040 |   0.020 |   0.044 |
-//	|    32 | 1000 | 0.089 | 0.000 | 0.000 | 0.022 | 0.031 |   0.012 |   0.044 |
-//	|    64 | 1000 | 0.089 | 0.000 | 0.000 | 0.011 | 0.011 |   0.001 |   0.044 |
-//	|    64 |  250 | 0.089 | 0.000 | 0.000 | 0.011 | 0.011 |   0.001 |   0.044 |
-//	|   128 | 1000 | 0.089 | 0.000 | 0.000 | 0.000 | 0.000 |   0.000 |   0.044 |
-//
-// In this model (single-server FIFO paths) any selector that keeps every path
-// busy reaches Best, which QL does from depth 16. Best is throughput-
-// proportional, not what HST optimises: at small depths HST keeps I/O off
-// the slow paths to cut latency, so its distance from Best there (0.040) is
-// by design, not a defect. RR is capped by the slowest path (6.25 kIOPS).
+// sim_test.go replays the dm-devel experiment of May 2022 in a deterministic
+// discrete-event simulation on a manual clock (10 paths of unequal cost, a
+// closed workload of depth 64) with each selector, HST with the nanosecond
+// clock, with a 1 ms clock and with pre-5.19 jiffies stamps. It asserts that
+// HST on nanoseconds stays within 0.03 of the throughput-proportional share
+// on every path, and that the jiffies stamps starve every slow path (the
+// dm-devel thread's "HST (orig)" result). A merely coarse clock is not the problem: the
+// damage comes from the stamp living in another clock domain. The shares of
+// every leg (TestSimulation, TestSimulationSweep) are in docs/benchmarks.md,
+// "Multipath selectors".
 package selectors

@@ -70,14 +70,6 @@ func releaseBlock(rdev uint64) {
 	}
 }
 
-// Claimed reports whether this process holds block device major:minor
-// exclusively for a table.
-func Claimed(major, minor uint32) bool {
-	claims.Lock()
-	defer claims.Unlock()
-	return claims.m[unix.Mkdev(major, minor)] != nil
-}
-
 // lookupFailed is the error of a device argument that could not be opened:
 // "Device lookup failed: ARG: reason", with EBUSY kept (a device held
 // exclusively elsewhere, as dm_get_device answers) and EINVAL otherwise.

@@ -1,7 +1,6 @@
 package stack_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -39,8 +38,8 @@ func TestCtorDeviceAndMappedDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	t.Cleanup(m.RemoveAll)
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	t.Cleanup(func() { m.Close() })
 	dir := t.TempDir()
 	img := filepath.Join(dir, "a.img")
 	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
@@ -70,13 +69,13 @@ func TestCtorDeviceAndMappedDevice(t *testing.T) {
 	if a.Suspended() {
 		t.Error("a fresh device reports suspended")
 	}
-	if err := m.Suspend("a", false); err != nil {
+	if err := m.Suspend("a", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if !a.Suspended() {
 		t.Error("a suspended device reports not suspended")
 	}
-	if err := m.Resume("a"); err != nil {
+	if err := m.Resume("a", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if a.Suspended() {

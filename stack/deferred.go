@@ -5,28 +5,6 @@ import (
 	"time"
 )
 
-// RemoveOptions are the variants of Manager.RemoveWith.
-type RemoveOptions struct {
-	// Force first replaces the live table with an error table of the same
-	// size (ForceRemove).
-	Force bool
-	// Deferred removes a device that is in use once its last user is
-	// gone, instead of failing with EBUSY (dmsetup remove --deferred).
-	Deferred bool
-	// OnlyDeferred removes the device only if a deferred removal is
-	// pending and nothing uses it any more, and is silent otherwise.
-	OnlyDeferred bool
-}
-
-// RemoveWith removes the device called name as Remove does, with the
-// variants of o. With Deferred, a device that is open or that another table
-// stacks on is flagged instead (its info shows "DEFERRED REMOVE") and the
-// call succeeds; the manager removes it once nothing uses it, checking every
-// ReapInterval, until the message @cancel_deferred_remove clears the flag.
-func (m *Manager) RemoveWith(name string, o RemoveOptions) error {
-	return m.removeWith(name, o)
-}
-
 // ReapInterval is how often a manager with pending deferred removals checks
 // whether their devices are still in use. dm removes such a device at its
 // last close; the users of an exported block device (a mount, say) cannot
@@ -69,7 +47,7 @@ func (m *Manager) reap() {
 		pending := false
 		for _, d := range m.Devices() {
 			if d.DeferredRemove() {
-				m.removeWith(d.Name(), RemoveOptions{OnlyDeferred: true})
+				m.removeWith(d.Name(), Flags{}, true)
 				pending = pending || (d.DeferredRemove() && !d.isRemoved())
 			}
 		}
@@ -110,12 +88,12 @@ func (m *Manager) cancelDeferred(d *Device, words int) error {
 	return nil
 }
 
-// RemoveUnused is `dmsetup remove_all`, as drivers/md/dm-ioctl.c:
+// RemoveAll is `dmsetup remove_all`, as drivers/md/dm-ioctl.c:
 // dm_hash_remove_all with keep_open_devices: it removes every device that is
 // not in use, upper devices first so that the ones they stack on become
-// unused, and returns the names of those left. With deferred, those left are
-// flagged for deferred removal.
-func (m *Manager) RemoveUnused(deferred bool) []string {
+// unused, and returns the names of those left. With f.Deferred, those left
+// are flagged for deferred removal; other flags are ignored.
+func (m *Manager) RemoveAll(f Flags) []string {
 	for {
 		progress := false
 		for _, d := range m.Devices() {
@@ -125,7 +103,7 @@ func (m *Manager) RemoveUnused(deferred bool) []string {
 			if m.Busy(d) != "" {
 				continue
 			}
-			if m.Remove(d.Name()) == nil {
+			if m.Remove(d.Name(), Flags{}) == nil {
 				progress = true
 			}
 		}
@@ -135,8 +113,8 @@ func (m *Manager) RemoveUnused(deferred bool) []string {
 	}
 	var left []string
 	for _, d := range m.Devices() {
-		if deferred {
-			m.RemoveWith(d.Name(), RemoveOptions{Deferred: true})
+		if f.Deferred {
+			m.Remove(d.Name(), Flags{Deferred: true})
 		}
 		if !d.isRemoved() {
 			left = append(left, d.Name())

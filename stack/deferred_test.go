@@ -76,10 +76,10 @@ func newExportManager(t *testing.T) (*Manager, *fakeExporter) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := NewManager(ctx, reg, nil)
+	m := NewManager(ManagerOptions{Registry: reg, Context: ctx})
 	e := &fakeExporter{m: m, users: map[string]int32{}}
 	m.SetExporter(e)
-	t.Cleanup(func() { m.RemoveAll(); cancel() })
+	t.Cleanup(func() { m.Close(); cancel() })
 	return m, e
 }
 
@@ -108,26 +108,26 @@ func TestDeferredRemove(t *testing.T) {
 	d := mustCreate(t, m, "d", "0 8 zero")
 	// An unused device goes at once, deferred or not.
 	mustCreate(t, m, "free", "0 8 zero")
-	if err := m.RemoveWith("free", RemoveOptions{Deferred: true}); err != nil || m.Lookup("free") != nil {
+	if err := m.Remove("free", Flags{Deferred: true}); err != nil || m.Lookup("free") != nil {
 		t.Fatalf("deferred remove of an unused device: %v", err)
 	}
 	var mu sync.Mutex
 	var removed []string
-	m.OnRemove = func(d *Device) { mu.Lock(); removed = append(removed, d.Name()); mu.Unlock() }
+	m.Subscribe(Listener{OnRemove: func(d *Device) { mu.Lock(); removed = append(removed, d.Name()); mu.Unlock() }})
 
 	// Open through its file: EBUSY without --deferred; flagged with it.
 	d.AddOpen(1)
-	if err := m.Remove("d"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("d", Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("remove of an open device: %v", err)
 	}
-	if err := m.RemoveWith("d", RemoveOptions{Deferred: true}); err != nil {
+	if err := m.Remove("d", Flags{Deferred: true}); err != nil {
 		t.Fatal(err)
 	}
 	if in := d.Info(false); !in.DeferredRemove || m.Lookup("d") != d {
 		t.Fatalf("after remove --deferred: %+v", in)
 	}
 	// A plain remove of the flagged, open device still fails.
-	if err := m.Remove("d"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("d", Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("remove of a flagged open device: %v", err)
 	}
 	// @cancel_deferred_remove takes exactly one word, then clears the flag.
@@ -149,10 +149,10 @@ func TestDeferredRemove(t *testing.T) {
 
 	// The users of the exported block device count too (a mount, say).
 	e.setUsers("d", 1)
-	if err := m.Remove("d"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("d", Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("remove of a device whose block device is in use: %v", err)
 	}
-	if err := m.RemoveWith("d", RemoveOptions{Deferred: true}); err != nil {
+	if err := m.Remove("d", Flags{Deferred: true}); err != nil {
 		t.Fatal(err)
 	}
 	if got := m.OpenCount(d); got != 1 {
@@ -185,13 +185,13 @@ func TestDeferredRemoveStacked(t *testing.T) {
 	m, _ := newExportManager(t)
 	mustCreate(t, m, "low", "0 8 zero")
 	mustCreate(t, m, "up", "0 8 linear low 0")
-	if err := m.Remove("low"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("low", Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("remove of a held device: %v", err)
 	}
-	if err := m.RemoveWith("low", RemoveOptions{Deferred: true}); err != nil {
+	if err := m.Remove("low", Flags{Deferred: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Remove("up"); err != nil {
+	if err := m.Remove("up", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	waitGone(t, m, "low")
@@ -204,10 +204,10 @@ func TestRemoveUnused(t *testing.T) {
 	mustCreate(t, m, "c", "0 8 linear b 0")
 	open := mustCreate(t, m, "o", "0 8 zero")
 	open.AddOpen(1)
-	if left := m.RemoveUnused(false); !reflect.DeepEqual(left, []string{"o"}) {
+	if left := m.RemoveAll(Flags{}); !reflect.DeepEqual(left, []string{"o"}) {
 		t.Fatalf("left %v", left)
 	}
-	if left := m.RemoveUnused(true); !reflect.DeepEqual(left, []string{"o"}) || !open.DeferredRemove() {
+	if left := m.RemoveAll(Flags{Deferred: true}); !reflect.DeepEqual(left, []string{"o"}) || !open.DeferredRemove() {
 		t.Fatalf("deferred: left %v, flagged %v", left, open.DeferredRemove())
 	}
 	open.AddOpen(-1)
@@ -266,7 +266,7 @@ func TestDepsAndExportedNames(t *testing.T) {
 	if len(deps) != 2 || deps[0].Mapped != low || deps[1].Path != f || deps[1].Block {
 		t.Fatalf("deps %+v", deps)
 	}
-	if err := m.Remove("low"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("low", Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Fatalf("low is held by top's table: %v", err)
 	}
 	if got := m.Deps(low, false); len(got) != 0 {
@@ -285,19 +285,19 @@ func TestSuspendLockFS(t *testing.T) {
 		op   func() error
 		want []string
 	}{
-		{func() error { return m.SuspendWith("s", SuspendOptions{NoLockFS: true}) }, nil},
-		{func() error { return m.ResumeWith("s", SuspendOptions{}) }, []string{"thaw s"}},
-		{func() error { return m.SuspendWith("s", SuspendOptions{}) }, []string{"freeze s"}},
+		{func() error { return m.Suspend("s", Flags{NoLockFS: true}) }, nil},
+		{func() error { return m.Resume("s", Flags{}) }, []string{"thaw s"}},
+		{func() error { return m.Suspend("s", Flags{}) }, []string{"freeze s"}},
 		// Suspending a suspended device freezes nothing more.
-		{func() error { return m.SuspendWith("s", SuspendOptions{}) }, nil},
-		{func() error { return m.ResumeWith("s", SuspendOptions{}) }, []string{"thaw s"}},
-		{func() error { return m.SuspendWith("s", SuspendOptions{NoFlush: true}) }, nil},
-		{func() error { return m.ResumeWith("s", SuspendOptions{}) }, []string{"thaw s"}},
+		{func() error { return m.Suspend("s", Flags{}) }, nil},
+		{func() error { return m.Resume("s", Flags{}) }, []string{"thaw s"}},
+		{func() error { return m.Suspend("s", Flags{NoFlush: true}) }, nil},
+		{func() error { return m.Resume("s", Flags{}) }, []string{"thaw s"}},
 		// A resume that swaps tables suspends with its own flags.
 		{func() error { return m.Load("s", "0 16 zero", "") }, nil},
-		{func() error { return m.ResumeWith("s", SuspendOptions{}) }, []string{"freeze s", "thaw s"}},
+		{func() error { return m.Resume("s", Flags{}) }, []string{"freeze s", "thaw s"}},
 		{func() error { return m.Load("s", "0 8 zero", "") }, nil},
-		{func() error { return m.ResumeWith("s", SuspendOptions{NoLockFS: true}) }, []string{"thaw s"}},
+		{func() error { return m.Resume("s", Flags{NoLockFS: true}) }, []string{"thaw s"}},
 	}
 	for i, s := range steps {
 		if err := s.op(); err != nil {
@@ -314,13 +314,13 @@ func TestSuspendLockFS(t *testing.T) {
 func TestResumeThawFails(t *testing.T) {
 	m, e := newExportManager(t)
 	mustCreate(t, m, "s", "0 8 zero")
-	if err := m.SuspendWith("s", SuspendOptions{}); err != nil {
+	if err := m.Suspend("s", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	e.mu.Lock()
 	e.thawErr = fmt.Errorf("thawing the file system frozen at /mnt: %w", syscall.EIO)
 	e.mu.Unlock()
-	err := m.ResumeWith("s", SuspendOptions{})
+	err := m.Resume("s", Flags{})
 	if !errors.Is(err, syscall.EIO) || err.Error() != "s: thawing the file system frozen at /mnt: input/output error" {
 		t.Errorf("resume with a failing thaw: %v", err)
 	}

@@ -168,10 +168,10 @@
 //   - Remove refuses (EBUSY) a device that is open or that another device's
 //     live or inactive table stacks on; otherwise the device is suspended
 //     (its hooks run), both tables are destroyed and I/O still held fails
-//     with ENXIO. ForceRemove first loads and resumes an error table of the
-//     same size, as `dmsetup remove --force` does, so that outstanding I/O
-//     fails; if the device is still held then, the error table stays live
-//     and the removal fails with EBUSY.
+//     with ENXIO. With Flags.Force, Remove first loads and resumes an error
+//     table of the same size, as `dmsetup remove --force` does, so that
+//     outstanding I/O fails; if the device is still held then, the error
+//     table stays live and the removal fails with EBUSY.
 //   - Create (Manager.Create) is all-or-nothing: a device whose table does not
 //     build or resume is removed again.
 //
@@ -181,7 +181,7 @@
 // and resumes do not raise it.
 //
 // A message (Manager.Message, drivers/md/dm-ioctl.c: target_message) whose
-// first word starts with '@' goes to Manager.CoreMessage (dm-stats); any other
+// first word starts with '@' goes to ManagerOptions.CoreMessage (dm-stats); any other
 // goes to the live target covering its sector ("Target message sector outside
 // device", EINVAL, past the end). A device without a live table takes a
 // message and answers nothing, as dm does when dm_get_live_table finds no
@@ -195,7 +195,7 @@
 //
 //  1. Device.ctl, one device's control lock: held for the whole of one
 //     control operation on that device (Manager.Load, Clear, Suspend,
-//     Resume, Remove, ForceRemove, Rename, SetUUID; Device.Suspend, Load,
+//     Resume, Remove, Rename, SetUUID; Device.Suspend, Load,
 //     Resume), including a suspend's wait for the I/O inside and the
 //     building of a table. It serialises control operations per device, as
 //     dm's md->suspend_lock does. No code holds two devices' control locks
@@ -231,10 +231,12 @@
 // while one of them is. I/O passes the gates of stacked devices from top to
 // bottom; tables cannot stack in a loop, so neither can gates.
 //
-// Manager.OnChange and OnRemove run with no manager lock held; OnRemove and
-// every OnChange run after the device's ctl is released, except the first
-// OnChange of a rename, which runs under it so that the fs layer forgets the
-// old name before the new one exists. Manager.CoreMessage runs with no lock
+// The listeners' OnChange and OnRemove (Manager.Subscribe) run with no
+// manager lock held; OnRemove and every OnChange run after the device's ctl
+// is released, except the first OnChange of a rename, which runs under it so
+// that the fs layer forgets the old name before the new one exists. OnRemove
+// runs after the device has left the table of names, so a listener that
+// looks the name up no longer finds it. The CoreMessage hook runs with no lock
 // of the device held, so it may suspend and resume the device.
 //
 // # Accounting
@@ -282,7 +284,8 @@
 //
 // # dm-stats
 //
-// EnableDMStats makes every device answer dm-stats' core messages
+// A manager built with ManagerOptions.CoreMessage set to DMStatsMessage makes
+// every device answer dm-stats' core messages
 // (drivers/md/dm-stats.c: dm_stats_message), with the regions kept in the
 // device's stats.Disk:
 //

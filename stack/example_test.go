@@ -100,10 +100,9 @@ func ExampleManager_Load() {
 		fmt.Println(err)
 		return
 	}
-	m := stack.NewManager(ctx, reg, nil)
-	defer m.RemoveAll()
 	mem := stacktest.NewMemDevice("mem0", 4096*stack.SectorSize)
-	m.Open = stacktest.Opener{"mem0": mem}.Open
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Context: ctx, Open: stacktest.Opener{"mem0": mem}.Open})
+	defer m.Close()
 
 	d, err := m.Create(stack.CreateOptions{Name: "vol", Minor: -1, Table: "0 2048 linear mem0 0"})
 	if err != nil {
@@ -123,12 +122,12 @@ func ExampleManager_Load() {
 	fmt.Printf("after load, live:\n%sinactive:\n%s", d.FormatTable(stack.StatusTable, false), d.FormatTable(stack.StatusTable, true))
 	fmt.Println("size:", d.Size())
 
-	if err := m.Suspend("vol", false); err != nil {
+	if err := m.Suspend("vol", stack.Flags{}); err != nil {
 		fmt.Println(err)
 		return
 	}
 	fmt.Println("suspended:", d.Suspended())
-	if err := m.Resume("vol"); err != nil {
+	if err := m.Resume("vol", stack.Flags{}); err != nil {
 		fmt.Println(err)
 		return
 	}

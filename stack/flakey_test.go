@@ -653,8 +653,8 @@ func TestFlakeyRangeCheckFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg, _ := NewRegistry(Flakey)
-	m := NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := NewManager(ManagerOptions{Registry: reg})
+	defer m.Close()
 	_, err := m.Create(CreateOptions{Name: "f", Minor: -1, Table: "0 1024 flakey ./f.img 1536 4 2", Dir: dir})
 	if want := "f: line 1: flakey: " + img + " too small for target: start=1536, len=1024, dev_size=2048"; err == nil || err.Error() != want {
 		t.Fatalf("create: %v, want %q", err, want)

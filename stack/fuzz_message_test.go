@@ -23,8 +23,7 @@ func fuzzMessageEnv(t testing.TB, img string) *stack.Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	stack.EnableDMStats(m)
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, CoreMessage: stack.DMStatsMessage})
 	for _, c := range []struct{ name, table string }{
 		{"dd", "0 32 dust " + img + " 0 512\n32 32 zero\n64 32 linear " + img + " 64\n96 32 flakey " + img + " 128 1 0"},
 		{"p1", "0 64 linear " + img + " 160"},
@@ -63,7 +62,7 @@ func FuzzManagerMessage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, which uint8, sector uint64, text string) {
 		m := fuzzMessageEnv(t, img)
-		defer m.RemoveAll()
+		defer m.Close()
 		name := []string{"dd", "mp", "p1"}[int(which)%3]
 		args := stack.SplitArgs(text)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

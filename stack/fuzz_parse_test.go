@@ -94,3 +94,48 @@ func FuzzSplitArgs(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanConcise checks dmsetup's reading of the concise format: the
+// devices it reads, quoted with QuoteConcise and joined again, read back
+// to the same fields.
+func FuzzScanConcise(f *testing.F) {
+	for _, s := range []string{"c1,,,ro,0 8 zero,8 8 error;c2,UU,7,,0 1 zero", "x,,;", "x,,", "x\\", "a\\,b,u\\;,,,0 8 zero ;  x,,,,y\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var devs [][]string
+		ScanConcise(s, false, func(e ConciseEntry) bool {
+			if e.Err != nil || len(e.Fields) < 5 {
+				return false
+			}
+			for i, f := range e.Fields {
+				if i <= 4 && f != "" && isSpace(f[0]) || i >= 4 && f == "" {
+					return false // blanks after a separator are not kept
+				}
+			}
+			devs = append(devs, e.Fields)
+			return true
+		})
+		var b strings.Builder
+		for _, d := range devs {
+			for j, f := range d {
+				if j > 0 {
+					b.WriteByte(',')
+				}
+				b.WriteString(QuoteConcise(f))
+			}
+			b.WriteByte(';')
+		}
+		var again [][]string
+		ScanConcise(b.String(), false, func(e ConciseEntry) bool {
+			if e.Err != nil {
+				t.Fatalf("%q read from %q: %v", b.String(), s, e.Err)
+			}
+			again = append(again, e.Fields)
+			return true
+		})
+		if len(devs) > 0 && !reflect.DeepEqual(again, devs) {
+			t.Fatalf("%q read as %q; quoted, %q reads as %q", s, devs, b.String(), again)
+		}
+	})
+}

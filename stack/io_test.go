@@ -349,8 +349,8 @@ func TestManagerFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg, _ := NewRegistry(Linear, Striped, Zero, Error)
-	m := NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := NewManager(ManagerOptions{Registry: reg})
+	defer m.Close()
 	if _, err := m.Create(CreateOptions{Name: "a", Minor: -1, Table: "0 2048 linear ./a.img 0", Dir: dir}); err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func TestManagerFiles(t *testing.T) {
 	if got := m.Lookup("a").Live().Format(StatusTable); got != "0 2048 linear "+img+" 0\n" {
 		t.Errorf("file table prints %q", got)
 	}
-	if err := m.Remove("a"); !errors.Is(err, syscall.EBUSY) {
+	if err := m.Remove("a", Flags{}); !errors.Is(err, syscall.EBUSY) {
 		t.Errorf("removing a device stacked on: %v, want EBUSY", err)
 	}
 	if _, err := m.Create(CreateOptions{Name: "c", Minor: -1, Table: "0 4096 linear a 0"}); err == nil {
@@ -380,10 +380,10 @@ func TestManagerFiles(t *testing.T) {
 	if got := b.Minor(); got != 1 {
 		t.Errorf("second device has minor %d, want 1", got)
 	}
-	if err := m.Remove("b"); err != nil {
+	if err := m.Remove("b", Flags{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Remove("a"); err != nil {
+	if err := m.Remove("a", Flags{}); err != nil {
 		t.Fatalf("remove after the upper device went away: %v", err)
 	}
 }

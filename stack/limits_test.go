@@ -194,8 +194,8 @@ func TestTargetLimits(t *testing.T) {
 // dm_set_device_limits.
 func TestStackedLimits(t *testing.T) {
 	reg, _ := NewRegistry(Linear, Zero)
-	m := NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := NewManager(ManagerOptions{Registry: reg})
+	defer m.Close()
 	for _, c := range []CreateOptions{
 		{Name: "z", Minor: -1, Table: "0 2048 zero"},
 		{Name: "l", Minor: -1, Table: "0 2048 linear z 0"},

@@ -35,11 +35,17 @@ func (e *DeviceError) Error() string {
 func (e *DeviceError) Unwrap() error { return e.Err }
 
 // Manager owns the devices of one daemon: their names, minors and the
-// dependency graph, and resolves device arguments in tables.
+// dependency graph, and resolves device arguments in tables. It is built
+// whole from ManagerOptions; components that follow its devices subscribe
+// to it (Subscribe).
 type Manager struct {
 	reg   *Registry
 	clock Clock
 	ctx   context.Context
+	// core, open and memory are ManagerOptions.CoreMessage, Open and Memory.
+	core   func(d *Device, args []string) (string, error)
+	open   func(arg string) (BlockDevice, error)
+	memory func(n int64)
 
 	// shared holds what the targets share (Ctor.Shared); Close closes it.
 	shared SharedSet
@@ -57,18 +63,28 @@ type Manager struct {
 	exporter Exporter
 	// reaping is set while a goroutine removes deferred devices (deferred.go).
 	reaping bool
+	// listeners are the subscribers, in the order they subscribed
+	// (listeners.go).
+	listeners []*Listener
+}
 
-	// Hooks the fs layer sets before devices are created: OnRemove after a
-	// device is removed, OnChange after its live table or its name changed.
-	// They are called with no lock held.
-	OnRemove func(*Device)
-	OnChange func(*Device)
+// ManagerOptions is what a Manager is built from.
+type ManagerOptions struct {
+	// Registry holds the target types tables may use (required).
+	Registry *Registry
+	// Clock is the clock of the devices' accounting; nil is
+	// stats.SystemClock.
+	Clock Clock
+	// Context lives as long as the daemon: targets that run goroutines and
+	// pending deferred removals end with it. nil is context.Background().
+	Context context.Context
 
 	// CoreMessage handles messages whose first word starts with `@` (dm's
-	// core messages, such as `@stats_create`), for any device state. It is
-	// called without the device's control lock, so it may suspend and resume
-	// the device itself. Unset, every such message fails with "Unsupported
-	// message sent to DM core" (EINVAL).
+	// core messages, such as `@stats_create`; DMStatsMessage answers
+	// dm-stats'), for any device state. It is called without the device's
+	// control lock, so it may suspend and resume the device itself. nil
+	// fails every such message with "Unsupported message sent to DM core"
+	// (EINVAL), except `@cancel_deferred_remove`, which the manager answers.
 	CoreMessage func(d *Device, args []string) (string, error)
 
 	// Open, when set, resolves the device arguments of every table the
@@ -79,18 +95,23 @@ type Manager struct {
 	Open func(arg string) (BlockDevice, error)
 
 	// Memory, when set, is the daemon's account of the memory targets hold
-	// beyond requests in flight (Ctor.Memory), set before devices are
-	// created.
+	// beyond requests in flight (Ctor.Memory).
 	Memory func(n int64)
 }
 
-// NewManager returns a manager that builds tables with reg. ctx lives as long
-// as the daemon.
-func NewManager(ctx context.Context, reg *Registry, c Clock) *Manager {
-	if c == nil {
-		c = clock.System
+// NewManager returns a manager built from o.
+func NewManager(o ManagerOptions) *Manager {
+	if o.Registry == nil {
+		panic("stack.NewManager: no Registry")
 	}
-	return &Manager{reg: reg, clock: c, ctx: ctx, byName: map[string]*Device{}, byMinor: map[uint32]*Device{}, nextIno: 100}
+	if o.Clock == nil {
+		o.Clock = clock.System
+	}
+	if o.Context == nil {
+		o.Context = context.Background()
+	}
+	return &Manager{reg: o.Registry, clock: o.Clock, ctx: o.Context, core: o.CoreMessage, open: o.Open, memory: o.Memory,
+		byName: map[string]*Device{}, byMinor: map[uint32]*Device{}, nextIno: 100}
 }
 
 // Registry returns the manager's target types.
@@ -223,12 +244,6 @@ func (m *Manager) unlinkLocked(d *Device) {
 	}
 }
 
-func (m *Manager) changed(d *Device) {
-	if m.OnChange != nil {
-		m.OnChange(d)
-	}
-}
-
 // Build parses and constructs a table for device d without loading it.
 func (m *Manager) Build(d *Device, text string, dir string) (*Table, error) {
 	lines, err := ParseTable(text)
@@ -239,22 +254,22 @@ func (m *Manager) Build(d *Device, text string, dir string) (*Table, error) {
 }
 
 func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, error) {
-	open := m.Open
+	open := m.open
 	if open == nil {
-		open = func(arg string) (BlockDevice, error) { return m.open(d, arg, ro, dir) }
+		open = func(arg string) (BlockDevice, error) { return m.openArg(d, arg, ro, dir) }
 	}
 	return Build(lines, BuildOptions{
-		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.Memory, Shared: &m.shared,
+		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.memory, Shared: &m.shared,
 		Open: open, Device: d,
 	})
 }
 
 var majMin = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
 
-// open resolves one device argument of a table of device self: MAJOR:MINOR
+// openArg resolves one device argument of a table of device self: MAJOR:MINOR
 // (253:N is the mapped device of minor N), a name without '/' (a mapped
 // device), or a path (relative to dir).
-func (m *Manager) open(self *Device, arg string, ro bool, dir string) (BlockDevice, error) {
+func (m *Manager) openArg(self *Device, arg string, ro bool, dir string) (BlockDevice, error) {
 	if mm := majMin.FindStringSubmatch(arg); mm != nil {
 		maj, _ := strconv.ParseUint(mm[1], 10, 32)
 		min, _ := strconv.ParseUint(mm[2], 10, 32)
@@ -454,62 +469,57 @@ func (m *Manager) Clear(name string) error {
 	return nil
 }
 
-// Suspend suspends the device called name (Device.Suspend).
-func (m *Manager) Suspend(name string, noflush bool) error {
-	d, err := m.acquire(name)
-	if err != nil {
-		return err
-	}
-	defer d.ctl.Unlock()
-	d.suspendLocked(noflush)
-	return nil
-}
-
-// Resume resumes the device called name, making its inactive table live if
-// there is one (Device.Resume).
-func (m *Manager) Resume(name string) error {
-	d, err := m.acquire(name)
-	if err != nil {
-		return err
-	}
-	swapped, err := d.resumeLocked()
-	d.ctl.Unlock()
-	if swapped {
-		m.changed(d)
-	}
-	if err != nil {
-		return &DeviceError{Name: name, Err: err}
-	}
-	return nil
+// Flags are what dm passes with a control command as flags: the variants
+// of Suspend, Resume, Remove and RemoveAll. A flag a verb does not take is
+// ignored by it.
+type Flags struct {
+	// NoFlush (suspend, resume) keeps I/O that a target pushes back queued
+	// until resume (DM_NOFLUSH_FLAG); it also skips freezing the file
+	// system.
+	NoFlush bool
+	// NoLockFS (suspend, resume) skips freezing the file system on the
+	// device's exported block device (DM_SKIP_LOCKFS_FLAG).
+	NoLockFS bool
+	// Force (remove) first replaces the live table with an error table of
+	// the same size, as `dmsetup remove --force` does.
+	Force bool
+	// Deferred (remove, remove_all) flags a device that is in use for
+	// removal once its last user is gone instead of failing with EBUSY
+	// (DM_DEFERRED_REMOVE).
+	Deferred bool
 }
 
 // Remove removes the device called name. It refuses (EBUSY) a device that is
 // open or that another table stacks on. A device that is not suspended is
 // suspended first (its presuspend and postsuspend hooks run, as in dm).
-func (m *Manager) Remove(name string) error {
-	return m.remove(name, false)
+//
+// With f.Force, as dmsetup does, it first replaces the live table with an
+// `error` table of the same size (load and resume), so that outstanding and
+// new I/O fails, and then removes the device if nothing holds it; if
+// something still does, the error table stays live and the removal fails
+// with EBUSY.
+//
+// With f.Deferred, a device that is open or that another table stacks on
+// is flagged instead (its info shows "DEFERRED REMOVE") and the call
+// succeeds; the manager removes it once nothing uses it, checking every
+// ReapInterval, until the message @cancel_deferred_remove clears the flag.
+//
+// The listeners' OnRemove runs after the device has left the table of
+// names, before Remove returns.
+func (m *Manager) Remove(name string, f Flags) error {
+	return m.removeWith(name, f, false)
 }
 
-// ForceRemove is `remove --force`: as dmsetup does, it first replaces the
-// live table with an `error` table of the same size (load and resume), so
-// that outstanding and new I/O fails, and then removes the device if nothing
-// holds it. If something still does, the error table stays live and the
-// removal fails with EBUSY.
-func (m *Manager) ForceRemove(name string) error {
-	return m.remove(name, true)
-}
-
-func (m *Manager) remove(name string, force bool) error {
-	return m.removeWith(name, RemoveOptions{Force: force})
-}
-
-func (m *Manager) removeWith(name string, o RemoveOptions) error {
+// removeWith is Remove; with onlyDeferred it removes the device only if a
+// deferred removal is pending and nothing uses it any more, and is silent
+// otherwise.
+func (m *Manager) removeWith(name string, o Flags, onlyDeferred bool) error {
 	force := o.Force
 	d, err := m.acquire(name)
 	if err != nil {
 		return err
 	}
-	if o.OnlyDeferred && !d.DeferredRemove() {
+	if onlyDeferred && !d.DeferredRemove() {
 		d.ctl.Unlock()
 		return nil
 	}
@@ -517,7 +527,7 @@ func (m *Manager) removeWith(name string, o RemoveOptions) error {
 	if force {
 		if live := d.Live(); live != nil {
 			t, err := Build([]Line{{N: 1, Start: 0, Len: uint64(live.Sectors()), Type: Error.Name}},
-				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.Memory, Shared: &m.shared})
+				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.memory, Shared: &m.shared})
 			if err == nil {
 				d.loadLocked(t)
 				swapped, err = d.resumeLocked()
@@ -563,7 +573,7 @@ func (m *Manager) removeWith(name string, o RemoveOptions) error {
 		if swapped {
 			m.changed(d)
 		}
-		if o.OnlyDeferred {
+		if onlyDeferred {
 			return nil
 		}
 		return &DeviceError{Name: name, Err: &ArgError{Reason: busy, Errno: syscall.EBUSY}}
@@ -572,9 +582,7 @@ func (m *Manager) removeWith(name string, o RemoveOptions) error {
 	d.destroy()
 	d.RaiseEvent()
 	d.ctl.Unlock()
-	if m.OnRemove != nil {
-		m.OnRemove(d)
-	}
+	m.removed(d)
 	return nil
 }
 
@@ -658,10 +666,10 @@ func (m *Manager) Message(ctx context.Context, name string, sector uint64, args 
 		return "", nil
 	}
 	if len(args[0]) > 0 && args[0][0] == '@' {
-		if m.CoreMessage == nil {
+		if m.core == nil {
 			return fail(Errorf("Unsupported message sent to DM core"))
 		}
-		out, err := m.CoreMessage(d, args)
+		out, err := m.core(d, args)
 		if err != nil {
 			return fail(err)
 		}
@@ -697,9 +705,9 @@ func (m *Manager) Message(ctx context.Context, name string, sector uint64, args 
 	return out, nil
 }
 
-// RemoveAll removes every device, upper devices before the ones they stack
-// on, ignoring open handles (daemon shutdown).
-func (m *Manager) RemoveAll() {
+// teardown removes every device, upper devices before the ones they stack
+// on, ignoring open handles (Close). Listeners are not told.
+func (m *Manager) teardown() {
 	for {
 		devs := m.Devices()
 		if len(devs) == 0 {

@@ -55,13 +55,12 @@ func TestMessageWithoutLiveTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
 	var core []string
-	m.CoreMessage = func(d *Device, args []string) (string, error) {
+	m := NewManager(ManagerOptions{Registry: reg, CoreMessage: func(d *Device, args []string) (string, error) {
 		core = append(core, d.Name()+" "+strings.Join(args, " "))
 		return "0", nil
-	}
+	}})
+	defer m.Close()
 	ctx := context.Background()
 	if _, err := m.Create(CreateOptions{Name: "d", Minor: -1, NoTable: true}); err != nil {
 		t.Fatal(err)
@@ -92,13 +91,13 @@ func TestMessageWithoutLiveTable(t *testing.T) {
 		t.Errorf("message to a device that does not exist: %v, want ENXIO", err)
 	}
 
-	if err := m.Resume("d"); err != nil {
+	if err := m.Resume("d", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := m.Message(ctx, "d", 7, []string{"live"}); out != "got: live" || err != nil {
 		t.Errorf("message to the live table: %q, %v", out, err)
 	}
-	if err := m.Suspend("d", false); err != nil {
+	if err := m.Suspend("d", Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := m.Message(ctx, "d", 0, []string{"suspended"}); out != "got: suspended" || err != nil {

@@ -336,8 +336,8 @@ func runModel(t *testing.T, seed uint64) {
 	m := newModel(t, seed, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m.mgr = stack.NewManager(ctx, modelRegistry(t), nil)
-	t.Cleanup(m.mgr.RemoveAll)
+	m.mgr = stack.NewManager(stack.ManagerOptions{Registry: modelRegistry(t), Context: ctx})
+	t.Cleanup(func() { m.mgr.Close() })
 
 	size := int64(256 + m.rng.IntN(2048))
 	top := m.genDevice(size, 2)
@@ -406,9 +406,9 @@ func runModel(t *testing.T, seed uint64) {
 
 	// The data is on the backing files: the same stack, built again by a new
 	// manager after the first one removed everything, reads the same bytes.
-	m.mgr.RemoveAll()
-	m.mgr = stack.NewManager(ctx, modelRegistry(t), nil)
-	t.Cleanup(m.mgr.RemoveAll)
+	m.mgr.Close()
+	m.mgr = stack.NewManager(stack.ManagerOptions{Registry: modelRegistry(t), Context: ctx})
+	t.Cleanup(func() { m.mgr.Close() })
 	for _, d := range m.devs {
 		text := m.table(d, true)
 		if _, err := m.mgr.Create(stack.CreateOptions{Name: d.name, Minor: -1, Table: text, Dir: dir}); err != nil {
@@ -539,13 +539,13 @@ func (m *model) control(rng *rand.Rand, stop <-chan struct{}) (int, error) {
 			if err := mgr.Load(d.name, text, m.dir); err != nil {
 				return step, fmt.Errorf("step %d: load %s:\n%s: %v", step, d.name, text, err)
 			}
-			if err := mgr.Resume(d.name); err != nil {
+			if err := mgr.Resume(d.name, stack.Flags{}); err != nil {
 				return step, fmt.Errorf("step %d: resume %s after load: %v", step, d.name, err)
 			}
 			clear(d.failed) // a new multipath table starts with every path usable
 		case k < 7: // suspend, perhaps reload while suspended, resume
 			noflush, reloaded := rng.IntN(2) == 0, false
-			if err := mgr.Suspend(d.name, noflush); err != nil {
+			if err := mgr.Suspend(d.name, stack.Flags{NoFlush: noflush}); err != nil {
 				return step, fmt.Errorf("step %d: suspend %s (noflush %v): %v", step, d.name, noflush, err)
 			}
 			if rng.IntN(2) == 0 {
@@ -555,7 +555,7 @@ func (m *model) control(rng *rand.Rand, stop <-chan struct{}) (int, error) {
 				reloaded = true
 			}
 			time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond)
-			if err := mgr.Resume(d.name); err != nil {
+			if err := mgr.Resume(d.name, stack.Flags{}); err != nil {
 				return step, fmt.Errorf("step %d: resume %s: %v", step, d.name, err)
 			}
 			if reloaded {

@@ -1,7 +1,6 @@
 package stack
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,8 +19,8 @@ func TestEscapedPathsLoadAgain(t *testing.T) {
 	}
 	esc := strings.ReplaceAll(img, " ", `\ `)
 	reg, _ := NewRegistry(Linear, Striped, Zero, Error, Flakey, Dust)
-	m := NewManager(context.Background(), reg, nil)
-	defer m.RemoveAll()
+	m := NewManager(ManagerOptions{Registry: reg})
+	defer m.Close()
 	for _, tc := range []struct{ table, want string }{
 		{`0 2048 linear ./a\ b.img 0`, "0 2048 linear " + esc + " 0\n"},
 		{`0 2048 striped 2 8 ./a\ b.img 0 ./a\ b.img 1024`, "0 2048 striped 2 8 " + esc + " 0 " + esc + " 1024\n"},
@@ -41,7 +40,7 @@ func TestEscapedPathsLoadAgain(t *testing.T) {
 		if err := m.Load("d", got, dir); err != nil {
 			t.Errorf("the table %q does not load again: %v", got, err)
 		}
-		if err := m.Remove("d"); err != nil {
+		if err := m.Remove("d", Flags{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -66,10 +66,12 @@ func (s *SharedSet) Close() error {
 	return errors.Join(errs...)
 }
 
-// Close removes every device (RemoveAll), then closes the objects their
+// Close removes every device, upper devices before the ones they stack on,
+// ignoring open handles and without telling the listeners (daemon
+// shutdown), then closes the objects their
 // targets shared (SharedSet.Close). Tables loaded after Close cannot make
 // shared objects.
 func (m *Manager) Close() error {
-	m.RemoveAll()
+	m.teardown()
 	return m.shared.Close()
 }

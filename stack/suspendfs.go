@@ -1,20 +1,10 @@
 package stack
 
-// SuspendOptions are dmsetup's suspend and resume flags.
-type SuspendOptions struct {
-	// NoFlush keeps I/O that a target pushes back queued until resume
-	// (DM_NOFLUSH_FLAG); it also skips freezing the file system.
-	NoFlush bool
-	// NoLockFS skips freezing the file system on the device
-	// (DM_SKIP_LOCKFS_FLAG).
-	NoLockFS bool
-}
-
 // lockFS says whether a suspend with o freezes the file system on d, as
 // drivers/md/dm.c: __dm_suspend does: only without noflush, with lockfs
 // wanted, with a live table, when d is exported, and when d is not
 // suspended already.
-func (m *Manager) lockFS(d *Device, o SuspendOptions) Exporter {
+func (m *Manager) lockFS(d *Device, o Flags) Exporter {
 	e := m.getExporter()
 	if e == nil || o.NoFlush || o.NoLockFS || d.Live() == nil || d.Suspended() {
 		return nil
@@ -22,11 +12,11 @@ func (m *Manager) lockFS(d *Device, o SuspendOptions) Exporter {
 	return e
 }
 
-// SuspendWith suspends the device called name (Suspend) and, unless
-// o.NoLockFS or o.NoFlush, first freezes a file system mounted on its
-// exported block device, which writes back its dirty data and stops new
-// writers, as dm's lock_fs does. A failed freeze fails the suspend.
-func (m *Manager) SuspendWith(name string, o SuspendOptions) error {
+// Suspend suspends the device called name (Device.Suspend with o.NoFlush)
+// and, unless o.NoLockFS or o.NoFlush, first freezes a file system mounted
+// on its exported block device, which writes back its dirty data and stops
+// new writers, as dm's lock_fs does. A failed freeze fails the suspend.
+func (m *Manager) Suspend(name string, o Flags) error {
 	d, err := m.acquire(name)
 	if err != nil {
 		return err
@@ -41,12 +31,13 @@ func (m *Manager) SuspendWith(name string, o SuspendOptions) error {
 	return nil
 }
 
-// ResumeWith resumes the device called name (Resume). When it has to
-// suspend first to make an inactive table live, it does so with o's flags,
-// freezing the file system unless they say not to; once the device runs
-// again, a file system frozen by a suspend is thawed (dm's unlock_fs), and a
-// thaw that fails fails the resume (the device runs all the same).
-func (m *Manager) ResumeWith(name string, o SuspendOptions) error {
+// Resume resumes the device called name, making its inactive table live if
+// there is one (Device.Resume). When it has to suspend first to make an
+// inactive table live, it does so with o's flags, freezing the file system
+// unless they say not to; once the device runs again, a file system frozen
+// by a suspend is thawed (dm's unlock_fs), and a thaw that fails fails
+// the resume (the device runs all the same).
+func (m *Manager) Resume(name string, o Flags) error {
 	d, err := m.acquire(name)
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/fs/export"
 
 	"github.com/dmfuse/dmfuse/test/golden"
 )
@@ -532,7 +533,7 @@ func TestErrorTableUnderExt4(t *testing.T) {
 	}
 	run(t, "mount", loop, fsdir)
 	t.Cleanup(func() {
-		if mounted(fsdir) {
+		if export.Mounted(fsdir) {
 			unix.Unmount(fsdir, unix.MNT_DETACH)
 		}
 	})

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"golang.org/x/sys/unix"
 )
 
@@ -169,7 +170,7 @@ func (e *dmsetupEnv) mountDev(dev, name string) string {
 	}
 	run(e.t, "mount", dev, mnt)
 	e.t.Cleanup(func() {
-		if mounted(mnt) {
+		if export.Mounted(mnt) {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})
@@ -195,7 +196,7 @@ func (e *dmsetupEnv) cleanup() {
 	daemon := e.pid()
 	if daemon != 0 {
 		for _, dev := range loopsOf(mnt) {
-			for _, m := range mountsOfDev(dev) {
+			for _, m := range export.MountsOfPath(dev) {
 				unix.Unmount(m, unix.MNT_DETACH)
 			}
 		}
@@ -220,7 +221,7 @@ func (e *dmsetupEnv) cleanup() {
 		t.Errorf("loop devices left: %v", l)
 		detachLoops(mnt)
 	}
-	if mounted(mnt) {
+	if export.Mounted(mnt) {
 		t.Errorf("%s still mounted", mnt)
 		unix.Unmount(mnt, unix.MNT_DETACH)
 	}
@@ -257,32 +258,8 @@ func alive(pid int) bool {
 // loopsOf lists the loop devices backed by files under dir.
 func loopsOf(dir string) []string {
 	var out []string
-	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, m := range matches {
-		b, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		if p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)"); strings.HasPrefix(p, dir+"/") {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(m))))
-		}
-	}
-	return out
-}
-
-// mountsOfDev lists the mount points of block device dev.
-func mountsOfDev(dev string) []string {
-	var st unix.Stat_t
-	if unix.Stat(dev, &st) != nil {
-		return nil
-	}
-	want := fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && f[2] == want {
-			out = append(out, f[4])
-		}
+	for _, l := range export.LoopsUnder(dir) {
+		out = append(out, l.Path)
 	}
 	return out
 }
@@ -814,7 +791,7 @@ func TestDmsetupDaemonDies(t *testing.T) {
 	if code != 0 || out != "No devices found\n" || !strings.Contains(errs, "died; cleaned up:") {
 		t.Errorf("first command after the daemon died: exit %d, %q, %q", code, out, errs)
 	}
-	if mounted(mnt) || mounted(filepath.Join(e.run, "mnt")) {
+	if export.Mounted(mnt) || export.Mounted(filepath.Join(e.run, "mnt")) {
 		t.Error("a mount of the dead daemon is left")
 	}
 	if l := loopsOf(filepath.Join(e.run, "mnt")); len(l) > 0 {

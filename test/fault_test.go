@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,7 +42,7 @@ func TestFlakeyDropAndRemount(t *testing.T) {
 	os.Mkdir(fsdir, 0o755)
 	run(t, "mount", loop, fsdir)
 	t.Cleanup(func() {
-		if mounted(fsdir) {
+		if export.Mounted(fsdir) {
 			unix.Unmount(fsdir, unix.MNT_DETACH)
 		}
 	})

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"golang.org/x/sys/unix"
 )
 
@@ -353,7 +354,7 @@ func TestSignalsAndStaleMount(t *testing.T) {
 	if d.cmd.ProcessState.ExitCode() != 0 {
 		t.Errorf("exit code %d after SIGTERM", d.cmd.ProcessState.ExitCode())
 	}
-	if mounted(d.mnt) {
+	if export.Mounted(d.mnt) {
 		t.Fatal("still mounted after SIGTERM")
 	}
 	// A killed daemon leaves a dead mount that the next one clears.
@@ -420,14 +421,14 @@ func TestBusyUnmount(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if !mounted(d.mnt) {
+	if !export.Mounted(d.mnt) {
 		t.Fatal("unmounted while a loop device was attached")
 	}
 	run(t, "losetup", "-d", loop)
 	if err := d.stop(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if mounted(d.mnt) {
+	if export.Mounted(d.mnt) {
 		t.Error("still mounted after the loop device was detached")
 	}
 }
@@ -456,7 +457,7 @@ func TestBadConfig(t *testing.T) {
 		if !strings.Contains(string(out), want) || !strings.HasPrefix(string(out), "dmfuse: ") {
 			t.Errorf("%q: output %q, want it to contain %q", cfg, out, want)
 		}
-		if mounted(mnt) {
+		if export.Mounted(mnt) {
 			t.Errorf("%q: left a mount", cfg)
 		}
 	}

@@ -7,7 +7,6 @@
 package test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"golang.org/x/sys/unix"
 )
 
@@ -183,7 +183,7 @@ func (d *daemon) cleanup() {
 	if err := d.stop(syscall.SIGTERM); err != nil {
 		d.cmd.Process.Kill()
 	}
-	if mounted(d.mnt) {
+	if export.Mounted(d.mnt) {
 		unix.Unmount(d.mnt, unix.MNT_DETACH)
 	}
 	if d.t.Failed() {
@@ -191,35 +191,10 @@ func (d *daemon) cleanup() {
 	}
 }
 
-// mounted reports whether dir is a mount point.
-func mounted(dir string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if fs := strings.Fields(s.Text()); len(fs) > 4 && fs[4] == dir {
-			return true
-		}
-	}
-	return false
-}
-
 // detachLoops detaches every loop device backed by a file under dir.
 func detachLoops(dir string) {
-	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, m := range matches {
-		b, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
-		if strings.HasPrefix(p, dir+"/") {
-			dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(m)))
-			exec.Command("losetup", "-d", dev).Run()
-		}
+	for _, l := range export.LoopsUnder(dir) {
+		exec.Command("losetup", "-d", l.Path).Run()
 	}
 }
 

@@ -121,8 +121,7 @@ func TestResourceHygiene(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(ctx, reg, nil)
-	stack.EnableDMStats(mgr)
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: reg, Context: ctx, CoreMessage: stack.DMStatsMessage})
 	defer mgr.Close()
 	if _, err := mgr.Create(stack.CreateOptions{Name: "base", Minor: -1, Table: "0 8192 linear " + img + " 0"}); err != nil {
 		t.Fatal(err)

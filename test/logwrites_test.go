@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"github.com/dmfuse/dmfuse/logwrites"
 )
 
@@ -414,7 +415,7 @@ func TestLogWritesGeneric482(t *testing.T) {
 	}
 	run(t, "mount", loop, fsdir)
 	t.Cleanup(func() {
-		if mounted(fsdir) {
+		if export.Mounted(fsdir) {
 			unix.Unmount(fsdir, unix.MNT_DETACH)
 		}
 	})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,7 +91,7 @@ func TestDmsetupClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if mounted(mnt) {
+		if export.Mounted(mnt) {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})
@@ -110,8 +111,13 @@ func TestDmsetupClaims(t *testing.T) {
 		}
 	}
 	a, b := e.name("a"), e.name("b")
-	e.must("create", a, "--table", "0 65536 linear "+dev+" 0")
+	e.must("create", a, "--table", "0 131072 linear "+dev+" 0")
 	busy("one table")
+	// generic/741: the file system mounted through the table, the device
+	// under it cannot be mounted a second time.
+	top := e.mountDev("/dev/mapper/"+a, "claim-top")
+	busy("one table, mounted")
+	run(t, "umount", top)
 	e.must("create", b, "--table", "0 65536 linear "+dev+" 65536")
 	// A reload that keeps the device does not conflict with itself.
 	e.must("load", a, "--table", "0 65536 linear "+dev+" 8")
@@ -164,7 +170,7 @@ func TestDmsetupThawAfterUnmount(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if mounted(mnt) {
+		if export.Mounted(mnt) {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/fs/export"
 )
 
 var (
@@ -167,7 +168,7 @@ func newPCEnv(t *testing.T, fs pcFS, target string) *pcEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if mounted(e.mnt) {
+		if export.Mounted(e.mnt) {
 			unix.Unmount(e.mnt, unix.MNT_DETACH)
 		}
 	})

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"golang.org/x/sys/unix"
 )
 
@@ -80,7 +81,7 @@ func TestURingTransport(t *testing.T) {
 	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Errorf("exit code %d after SIGTERM", code)
 	}
-	if mounted(d.mnt) {
+	if export.Mounted(d.mnt) {
 		t.Error("still mounted after SIGTERM")
 	}
 }
@@ -126,7 +127,7 @@ func TestURingRegistrationFallback(t *testing.T) {
 	if err := d.stop(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if mounted(d.mnt) {
+	if export.Mounted(d.mnt) {
 		t.Error("still mounted after SIGTERM")
 	}
 }

@@ -21,8 +21,6 @@ func benchDevs(b *testing.B, empty bool, features string) (lin, th *stack.Device
 	if err != nil {
 		b.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, &clock.Manual{})
-	b.Cleanup(m.RemoveAll)
 	mems := stacktest.Opener{
 		"meta": stacktest.NewMemDevice("meta", 16<<20), "data": stacktest.NewMemDevice("data", size),
 		"plain": stacktest.NewMemDevice("plain", size),
@@ -34,12 +32,15 @@ func benchDevs(b *testing.B, empty bool, features string) (lin, th *stack.Device
 			b[i] = 1
 		}
 	}
-	m.Open = func(arg string) (stack.BlockDevice, error) {
-		if d := m.Lookup(arg); d != nil {
-			return d, nil
-		}
-		return mems.Open(arg)
-	}
+	var m *stack.Manager
+	m = stack.NewManager(stack.ManagerOptions{Registry: reg, Context: context.Background(), Clock: &clock.Manual{},
+		Open: func(arg string) (stack.BlockDevice, error) {
+			if d := m.Lookup(arg); d != nil {
+				return d, nil
+			}
+			return mems.Open(arg)
+		}})
+	b.Cleanup(func() { m.RemoveAll(stack.Flags{}) })
 	mk := func(name, table string) *stack.Device {
 		d, err := m.Create(stack.CreateOptions{Name: name, Minor: -1, Table: table})
 		if err != nil {

@@ -90,7 +90,7 @@ func FuzzThinArgs(f *testing.F) {
 			return
 		}
 		defer func() {
-			if err := r.mgr.Remove("t"); err != nil {
+			if err := r.mgr.Remove("t", stack.Flags{}); err != nil {
 				t.Fatal(err)
 			}
 		}()

@@ -44,21 +44,23 @@ func newRig(t testing.TB) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.mgr = stack.NewManager(context.Background(), reg, r.clock)
-	r.mgr.Open = func(arg string) (stack.BlockDevice, error) {
-		r.mu.Lock()
-		m := r.mems[arg]
-		r.mu.Unlock()
-		if m != nil {
-			return m, nil
-		}
-		if d := r.mgr.Lookup(arg); d != nil {
-			return d, nil
-		}
-		return nil, stack.Errorf("Device lookup failed: %s: no such mapped device", arg)
-	}
-	t.Cleanup(r.mgr.RemoveAll)
+	r.mgr = stack.NewManager(stack.ManagerOptions{Registry: reg, Context: context.Background(), Clock: r.clock, Open: r.open})
+	t.Cleanup(func() { r.mgr.RemoveAll(stack.Flags{}) })
 	return r
+}
+
+// open resolves table arguments: memory devices, then mapped devices.
+func (r *rig) open(arg string) (stack.BlockDevice, error) {
+	r.mu.Lock()
+	m := r.mems[arg]
+	r.mu.Unlock()
+	if m != nil {
+		return m, nil
+	}
+	if d := r.mgr.Lookup(arg); d != nil {
+		return d, nil
+	}
+	return nil, stack.Errorf("Device lookup failed: %s: no such mapped device", arg)
 }
 
 // mem adds a memory device.
@@ -127,13 +129,13 @@ func (r *rig) grow(blocks int64, lowWater int, features string) error {
 	if err := r.mgr.Load("data", fmt.Sprintf("0 %d linear databack 0", blocks*128), ""); err != nil {
 		r.t.Fatal(err)
 	}
-	if err := r.mgr.Resume("data"); err != nil {
+	if err := r.mgr.Resume("data", stack.Flags{}); err != nil {
 		r.t.Fatal(err)
 	}
 	if err := r.mgr.Load("pool", fmt.Sprintf("0 %d thin-pool meta data 128 %d %s", blocks*128, lowWater, features), ""); err != nil {
 		r.t.Fatal(err)
 	}
-	return r.mgr.Resume("pool")
+	return r.mgr.Resume("pool", stack.Flags{})
 }
 
 // thin creates thin device id and a device for it of size bytes.

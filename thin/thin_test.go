@@ -130,14 +130,14 @@ func TestThinArgErrors(t *testing.T) {
 		errnoIs(t, tc.params, err, tc.errno)
 	}
 	// A suspended pool refuses new thin devices.
-	if err := r.mgr.Suspend("pool", false); err != nil {
+	if err := r.mgr.Suspend("pool", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	err := r.createErr("t", "0 2048 thin pool 1")
 	if err == nil || !strings.Contains(err.Error(), "Unable to activate thin device while pool is suspended") {
 		t.Errorf("suspended pool: %v", err)
 	}
-	if err := r.mgr.Resume("pool"); err != nil {
+	if err := r.mgr.Resume("pool", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	r.create("t", "0 2048 thin pool 1 origin")
@@ -177,7 +177,7 @@ func TestPoolIdentity(t *testing.T) {
 	if err := r.mgr.Load("pool", "0 2048 thin-pool meta data 256 5", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.mgr.Resume("pool"); err != nil {
+	if err := r.mgr.Resume("pool", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := r.table(r.mgr.Lookup("pool")); got != "0 2048 thin-pool meta data 128 5 0 " {
@@ -284,11 +284,11 @@ func TestSnapshotCopyOnWrite(t *testing.T) {
 	o := r.thin("origin", 1, 1<<20)
 	write(t, o, fill(1, 65536), 0)
 	write(t, o, fill(2, 4096), 65536)
-	if err := r.mgr.Suspend("origin", false); err != nil {
+	if err := r.mgr.Suspend("origin", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	r.mustMsg("pool", "create_snap", "2", "1")
-	if err := r.mgr.Resume("origin"); err != nil {
+	if err := r.mgr.Resume("origin", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	s := r.create("snap", "0 2048 thin pool 2")
@@ -512,7 +512,7 @@ func TestOutOfSpaceQueuesThenTimesOut(t *testing.T) {
 	if err := r.mgr.Load("pool", "0 512 thin-pool meta data 128 2", ""); err != nil {
 		t.Fatal(err)
 	}
-	err := r.mgr.Resume("pool")
+	err := r.mgr.Resume("pool", stack.Flags{})
 	if err == nil || !strings.Contains(err.Error(), "pool target (4 blocks) too small: expected 8") {
 		t.Errorf("shrink: %v", err)
 	}
@@ -585,7 +585,7 @@ func TestMetadataFailureMakesPoolReadOnly(t *testing.T) {
 	if err := r.mgr.Load("pool", "0 2048 thin-pool meta data 128 0", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.mgr.Resume("pool"); err != nil {
+	if err := r.mgr.Resume("pool", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if m := poolFor(t, r).getMode(); m != modeReadOnly {
@@ -630,13 +630,13 @@ func TestNoflushSuspendPushesBackQueuedIO(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, "out of data space", func() bool { return p.getMode() == modeOutOfDataSpace })
-	if err := r.mgr.Suspend("t1", true); err != nil {
+	if err := r.mgr.Suspend("t1", stack.Flags{NoFlush: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.grow(2, 0, ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.mgr.Resume("t1"); err != nil {
+	if err := r.mgr.Resume("t1", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
@@ -652,10 +652,10 @@ func TestPoolReopensMetadata(t *testing.T) {
 	r.pool(16, 0, "")
 	th := r.thin("t1", 1, 1<<20)
 	write(t, th, fill(3, 4096), 65536)
-	if err := r.mgr.Remove("t1"); err != nil {
+	if err := r.mgr.Remove("t1", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.mgr.Remove("pool"); err != nil {
+	if err := r.mgr.Remove("pool", stack.Flags{}); err != nil {
 		t.Fatal(err)
 	}
 	r.create("pool", "0 2048 thin-pool meta data 128 0")
@@ -664,7 +664,7 @@ func TestPoolReopensMetadata(t *testing.T) {
 		t.Error("mapping lost across a pool's removal (the last table commits)")
 	}
 	// Another block size over the same metadata is refused.
-	r.mgr.RemoveAll()
+	r.mgr.RemoveAll(stack.Flags{})
 	r.create("data", "0 2048 linear databack 0")
 	err := r.createErr("pool", "0 2048 thin-pool meta data 256 0")
 	if err == nil || !strings.Contains(err.Error(), "Error creating metadata object") {

@@ -24,7 +24,7 @@ func runDmsetup(prog string, args []string) int {
 	sys := systemInstance()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	offline := control.NewServer(ctx, stack.NewManager(ctx, registry(), nil))
+	offline := control.NewServer(ctx, stack.NewManager(stack.ManagerOptions{Registry: registry(), Context: ctx}))
 	defer offline.Close()
 	width := 0
 	if ws, err := unix.IoctlGetWinsize(1, unix.TIOCGWINSZ); err == nil {

@@ -1,28 +1,20 @@
 package main
 
 import (
-	"context"
 	_ "embed"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
-	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
-	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/fs/export"
 	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 	"github.com/dmfuse/dmfuse/thin"
 )
 
@@ -84,6 +76,11 @@ func registry() *stack.Registry {
 
 // Run mounts, serves until a signal or an external unmount, and exits 0.
 func (c *MountCmd) Run(g *Globals) error {
+	poll, err := parsePoll(c.Poll)
+	if err != nil {
+		return err
+	}
+	thin.SetNoSpaceTimeout(c.ThinNoSpaceTimeout)
 	limit, metricsLn, pprofLn, ferr := c.memoryAndDebug()
 	if ferr != nil {
 		return ferr
@@ -98,22 +95,6 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err := clearStale(dir); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	if err := unix.Prctl(unix.PR_SET_IO_FLUSHER, 1, 0, 0, 0); err != nil {
-		fmt.Fprintf(os.Stderr, "dmfuse: warning: PR_SET_IO_FLUSHER: %v (serving loop devices may deadlock under memory pressure)\n", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	thin.SetNoSpaceTimeout(c.ThinNoSpaceTimeout)
-	mgr := stack.NewManager(ctx, registry(), clock.System)
-	mgr.Memory = reserveMemory
-	dmstats := stack.EnableDMStats(mgr)
-	metrics.RegisterSet(dmstats)
-	defer metrics.UnregisterSet(dmstats, true)
-	defer mgr.Close()
-
 	text, base, src := defaultConfig, "", "default set"
 	if c.Config != "" {
 		b, err := os.ReadFile(c.Config)
@@ -129,20 +110,6 @@ func (c *MountCmd) Run(g *Globals) error {
 		defer unlock()
 		base = state
 	}
-	if err := createAll(mgr, text, base); err != nil {
-		return fmt.Errorf("%s: %w", src, err)
-	}
-	var err error
-
-	// Signals are caught before the mount answers: a SIGTERM sent as soon as
-	// the mount works must unmount and remove the control socket, not kill.
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-
-	// The socket exists before the mount answers, so that a client that
-	// waits for the mount finds it; requests are served once fs has set the
-	// manager's hooks.
 	sock, strict := g.Control, false
 	if sock == "" {
 		if sock, err = control.DefaultPath(dir); err != nil {
@@ -150,71 +117,21 @@ func (c *MountCmd) Run(g *Globals) error {
 		}
 		strict = true
 	}
-	ln, err := control.Listen(sock, strict)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
-
-	poll, err := parsePoll(c.Poll)
-	if err != nil {
-		return err
-	}
-	srv, err := fs.Mount(dir, mgr, fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
-		Transport: c.Transport, EnableURing: c.EnableURing, Poll: poll, URingDepth: c.URingDepth, Interruptible: c.Interruptible,
-		MemoryLimit: limit, ReleaseAfter: releaseAfter})
-	if err != nil {
-		return fmt.Errorf("mount %s: %w", dir, err)
-	}
-	raiseProcs(delay.SchedulerProcs + srv.Procs())
-	ctl := control.NewServer(ctx, mgr)
-	go func() {
-		if err := ctl.Serve(ln); err != nil {
-			fmt.Fprintf(os.Stderr, "dmfuse: %v\n", err)
-		}
-	}()
-	defer ctl.Close()
-	if metricsLn != nil {
-		exp := stats.NewExporter(func() []stats.Named {
-			var out []stats.Named
-			for _, d := range mgr.Devices() {
-				if d.Live() != nil {
-					out = append(out, stats.Named{Name: d.Name(), Disk: d.Disk()})
-				}
+	return runDaemon(daemonOptions{
+		mount: dir,
+		fs: fs.Options{AllowOther: c.AllowOther, Debug: c.Debug,
+			Transport: c.Transport, EnableURing: c.EnableURing, Poll: poll, URingDepth: c.URingDepth, Interruptible: c.Interruptible,
+			MemoryLimit: limit, ReleaseAfter: releaseAfter},
+		socket: sock, strict: strict,
+		devices: func(mgr *stack.Manager) error {
+			if err := createAll(mgr, text, base); err != nil {
+				return fmt.Errorf("%s: %w", src, err)
 			}
-			return out
-		})
-		defer metrics.UnregisterSet(memoryMetrics(srv), true)
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", exp)
-		defer serveHTTP("metrics", metricsLn, mux)()
-		fmt.Fprintf(os.Stderr, "dmfuse: metrics on http://%s/metrics\n", metricsLn.Addr())
-	}
-	if pprofLn != nil {
-		defer serveHTTP("pprof", pprofLn, pprofMux())()
-		fmt.Fprintf(os.Stderr, "dmfuse: pprof on http://%s/debug/pprof/\n", pprofLn.Addr())
-	}
-	p := srv.Memory()
-	fmt.Fprintf(os.Stderr, "dmfuse: memory limit %s: requests up to %d KiB, %d in flight, request buffers at most %.1f MiB\n",
-		limitString(p.Limit), p.MaxWrite>>10, p.MaxBackground, float64(p.Bound)/(1<<20))
-	fmt.Fprintf(os.Stderr, "dmfuse: serving %d device(s) on %s; control socket %s\n", len(mgr.Devices()), dir, sock)
-
-	done := make(chan struct{})
-	go func() { srv.Wait(); close(done) }()
-	for {
-		select {
-		case <-done:
 			return nil
-		case s := <-sigs:
-			if err := srv.Unmount(); err != nil {
-				fmt.Fprintf(os.Stderr, "dmfuse: %v: cannot unmount %s: %v; still serving\n", s, dir, err)
-				reportHolders(dir, mgr)
-				continue
-			}
-			<-done
-			return nil
-		}
-	}
+		},
+		metrics: metricsLn, pprof: pprofLn,
+		logf: func(format string, a ...any) { fmt.Fprintf(os.Stderr, "dmfuse: "+format+"\n", a...) },
+	})
 }
 
 // createAll builds the devices of a concise config in order; on any failure it
@@ -227,7 +144,7 @@ func createAll(mgr *stack.Manager, text, base string) error {
 	for _, d := range devs {
 		_, err := mgr.Create(stack.CreateOptions{Name: d.Name, UUID: d.UUID, Minor: d.Minor, ReadOnly: d.ReadOnly, Table: d.Table, Dir: base})
 		if err != nil {
-			mgr.RemoveAll()
+			mgr.Close()
 			return fmt.Errorf("line %d: %w", d.Line, err)
 		}
 	}
@@ -288,14 +205,14 @@ func clearStale(dir string) error {
 	case errors.Is(err, unix.ENOTCONN):
 		// Look for loop devices first: once the mount is detached, their
 		// backing file reads as a path relative to the detached tree.
-		loops := loopsUnder(dir)
+		loops := export.LoopsUnder(dir)
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("%s: stale mount of a dead daemon, and unmounting it failed: %w", dir, err)
 		}
 		fmt.Fprintf(os.Stderr, "dmfuse: cleared a stale mount on %s left by a daemon that died; "+
 			"a loop device that was attached to it stays broken until `losetup -d`\n", dir)
 		for _, l := range loops {
-			fmt.Fprintf(os.Stderr, "dmfuse: %s still points at the dead mount: detach it with `losetup -d %s`\n", l, l)
+			fmt.Fprintf(os.Stderr, "dmfuse: %s still points at the dead mount: detach it with `losetup -d %s`\n", l.Path, l.Path)
 		}
 		return nil
 	case errors.Is(err, unix.ENOENT):
@@ -303,7 +220,7 @@ func clearStale(dir string) error {
 	case err != nil:
 		return fmt.Errorf("%s: %w", dir, err)
 	}
-	if isMountpoint(dir) {
+	if export.Mounted(dir) {
 		return fmt.Errorf("%s is already a mount point", dir)
 	}
 	return nil
@@ -331,56 +248,5 @@ func statSettled(dir string) error {
 			return err
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// isMountpoint reports whether dir is listed as a mount point in
-// /proc/self/mountinfo.
-func isMountpoint(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) > 4 && unescapeMount(f[4]) == dir {
-			return true
-		}
-	}
-	return false
-}
-
-func unescapeMount(s string) string {
-	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
-	return r.Replace(s)
-}
-
-// loopsUnder lists loop devices whose backing file lies under dir.
-func loopsUnder(dir string) []string {
-	var out []string
-	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, m := range matches {
-		b, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		p := strings.TrimSpace(string(b))
-		p = strings.TrimSuffix(p, " (deleted)")
-		if p == dir || strings.HasPrefix(p, dir+"/") {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(m))))
-		}
-	}
-	return out
-}
-
-// reportHolders says which devices keep the mount busy and how to release them.
-func reportHolders(dir string, mgr *stack.Manager) {
-	for _, l := range loopsUnder(dir) {
-		fmt.Fprintf(os.Stderr, "dmfuse: %s is attached to a device file: release it with `losetup -d %s`\n", l, l)
-	}
-	for _, d := range mgr.Devices() {
-		if n := d.OpenCount(); n > 0 {
-			fmt.Fprintf(os.Stderr, "dmfuse: device %s is held open (%d)\n", d.Name(), n)
-		}
 	}
 }

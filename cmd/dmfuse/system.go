@@ -1,28 +1,22 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
-	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
-	"github.com/dmfuse/dmfuse/internal/clock"
-	"github.com/dmfuse/dmfuse/stack"
 )
 
 // The system instance: the daemon dmsetup starts by itself. It lives in a
@@ -124,7 +118,10 @@ func (s system) cleanup(w func(string)) {
 // serves; without start it returns nil.
 func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	if s.running() {
-		return s.ready(false)
+		if c, err := s.ready(false); c != nil || err != nil {
+			return c, err
+		}
+		// It stopped while we waited: clean up and start one below.
 	}
 	if _, err := os.Stat(s.dir); errors.Is(err, os.ErrNotExist) && !start {
 		return nil, nil
@@ -135,7 +132,9 @@ func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 	}
 	defer lock.Close()
 	if s.running() {
-		return s.ready(true)
+		if c, err := s.ready(true); c != nil || err != nil {
+			return c, err
+		}
 	}
 	s.cleanup(warn)
 	if !start {
@@ -200,7 +199,7 @@ func (s system) start() error {
 }
 
 // ready returns a caller for a running daemon once it answers on its
-// socket. One that has just started holds its lock before it listens, and
+// socket, nil if the daemon exits meanwhile. One that has just started holds its lock before it listens, and
 // the command that started it holds the start lock until it listens: so
 // wait for that lock (unless the caller holds it: locked), and poll only
 // for a daemon started by hand or one that is stopping.
@@ -226,6 +225,9 @@ func (s system) ready(locked bool) (*socketCaller, error) {
 	deadline := time.Now().Add(startTimeout)
 	for wait := time.Millisecond; !dial() && s.running() && time.Now().Before(deadline); wait = min(2*wait, 20*time.Millisecond) {
 		time.Sleep(wait)
+	}
+	if !s.running() {
+		return nil, nil // it stopped: the caller may start another
 	}
 	return &socketCaller{s.socket()}, nil // Call reports why it cannot connect
 }
@@ -270,87 +272,25 @@ func (c *DaemonCmd) Run() error {
 	// Whatever a dead daemon left is cleared by the command that starts
 	// this one; a daemon started by hand clears it here.
 	s.cleanup(func(msg string) { logf("%s", msg) })
-	if err := unix.Prctl(unix.PR_SET_IO_FLUSHER, 1, 0, 0, 0); err != nil {
-		logf("warning: PR_SET_IO_FLUSHER: %v", err)
-	}
 	if err := os.WriteFile(s.path("daemon.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
 		return err
 	}
 	defer os.Remove(s.path("daemon.pid"))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	mgr := stack.NewManager(ctx, registry(), clock.System)
-	mgr.Memory = reserveMemory
-	dmstats := stack.EnableDMStats(mgr)
-	metrics.RegisterSet(dmstats)
-	defer metrics.UnregisterSet(dmstats, true)
-	defer mgr.Close()
-
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-
-	mnt := s.mount()
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		return err
-	}
-	srv, err := fs.Mount(mnt, mgr, fs.Options{Transport: os.Getenv("DMFUSE_TRANSPORT")})
-	if err != nil {
-		return fmt.Errorf("mount %s: %w", mnt, err)
-	}
-	raiseProcs(delay.SchedulerProcs + srv.Procs())
-	loops, err := export.New(mgr, mnt, mapperDir(), s.path("nodes"), logf)
-	if err != nil {
-		srv.Unmount()
-		return err
-	}
-	fsChanged, fsRemoved := mgr.OnChange, mgr.OnRemove
-	mgr.OnChange = func(d *stack.Device) { fsChanged(d); loops.Changed(d) }
-	mgr.OnRemove = func(d *stack.Device) { loops.Removed(d); fsRemoved(d) }
-	mgr.SetExporter(loops)
-
-	// The socket comes last: a command that can connect finds the daemon
-	// ready.
-	ln, err := control.Listen(s.socket(), true)
-	if err != nil {
-		srv.Unmount()
-		return err
-	}
-	ctl := control.NewServer(ctx, mgr)
-	go func() {
-		if err := ctl.Serve(ln); err != nil {
-			logf("%v", err)
-		}
-	}()
-	defer ctl.Close()
-	logf("serving %s: mount %s, control socket %s, nodes in %s", s.dir, mnt, s.socket(), mapperDir())
-	if ready != nil {
-		ready.Write([]byte{1})
-		ready.Close()
-	}
-
-	done := make(chan struct{})
-	go func() { srv.Wait(); close(done) }()
-	for {
-		select {
-		case <-done:
-			return nil
-		case sig := <-sigs:
-			if left := mgr.RemoveUnused(false); len(left) > 0 {
-				logf("%v: devices still in use, still serving: %s", sig, strings.Join(left, ", "))
-				continue
+	return runDaemon(daemonOptions{
+		mount:  s.mount(),
+		fs:     fs.Options{Transport: os.Getenv("DMFUSE_TRANSPORT")},
+		socket: s.socket(), strict: true,
+		export:       &exportOptions{mapper: mapperDir(), state: s.path("nodes")},
+		removeOnStop: true,
+		logf:         logf,
+		served: func() {
+			if ready != nil {
+				ready.Write([]byte{1})
+				ready.Close()
 			}
-			ctl.Close()
-			if err := srv.Unmount(); err != nil {
-				logf("%v: cannot unmount %s: %v; still serving", sig, mnt, err)
-				continue
-			}
-			<-done
-			logf("%v: stopped", sig)
-			return nil
-		}
-	}
+		},
+	})
 }
 
 // readyPipe returns the pipe on which the daemon says that it serves
@@ -367,15 +307,44 @@ func readyPipe() *os.File {
 }
 
 // StopCmd is `dmfuse stop`: stop the system instance.
-type StopCmd struct{}
+type StopCmd struct {
+	Force bool `help:"Stop even while devices are in use: file systems mounted on them are unmounted lazily, their loop devices detached and their nodes removed; also clears what a daemon that died left."`
+}
 
-// Run asks the system daemon to stop (SIGTERM) and waits until it has: it
-// stops once none of its devices is in use.
+// stopWait bounds how long stop waits for the daemon to exit once it said
+// it stops.
+const stopWait = 10 * time.Second
+
+// Run asks the system daemon to stop (the control request stop) and waits
+// until it has exited. Without --force the daemon stops only once none of
+// its devices is in use and its mount can go; otherwise it says why and
+// keeps serving. A daemon that does not answer on its socket is sent
+// SIGTERM (SIGKILL with --force). With --force, what is left after the
+// daemon exits, or after one that died, is cleared as the next command
+// would clear it.
 func (c *StopCmd) Run() error {
 	s := systemInstance()
-	if !s.running() {
+	if s.running() {
+		if err := c.stop(s); err != nil {
+			return err
+		}
+	}
+	if !c.Force {
 		return nil
 	}
+	lock, err := s.lockStart()
+	if err != nil {
+		return fmt.Errorf("system instance %s: %w", s.dir, err)
+	}
+	defer lock.Close()
+	if !s.running() {
+		s.cleanup(func(msg string) { fmt.Fprintln(os.Stderr, msg) })
+	}
+	return nil
+}
+
+// stop stops the running daemon and waits until it exits.
+func (c *StopCmd) stop(s system) error {
 	b, err := os.ReadFile(s.path("daemon.pid"))
 	if err != nil {
 		return err
@@ -384,11 +353,28 @@ func (c *StopCmd) Run() error {
 	if err != nil {
 		return fmt.Errorf("%s: %v", s.path("daemon.pid"), err)
 	}
-	if err := unix.Kill(pid, unix.SIGTERM); err != nil {
-		return fmt.Errorf("daemon %d: %w", pid, err)
+	resp, err := control.Call(s.socket(), &control.Request{Op: control.OpStop, Force: c.Force})
+	switch {
+	case err == nil && resp.Error != "" && !c.Force:
+		return errors.New(resp.Error)
+	case err != nil || resp.Error != "":
+		// No answer (a daemon that hangs, or one of a version without the
+		// request): signal it.
+		sig := unix.SIGTERM
+		if c.Force {
+			sig = unix.SIGKILL
+		}
+		if err := unix.Kill(pid, sig); err != nil && s.running() {
+			return fmt.Errorf("daemon %d: %w", pid, err)
+		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); s.running(); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(stopWait); s.running(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
+			if c.Force {
+				unix.Kill(pid, unix.SIGKILL)
+				deadline = time.Now().Add(stopWait)
+				continue
+			}
 			return fmt.Errorf("the daemon of %s (pid %d) still runs: some device is in use (see %s)", s.dir, pid, s.path("daemon.log"))
 		}
 	}

@@ -50,10 +50,9 @@ func newHarness(t *testing.T) *harness {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h.mgr = stack.NewManager(ctx, registry(t), nil)
-	stack.EnableDMStats(h.mgr)
+	h.mgr = stack.NewManager(stack.ManagerOptions{Registry: registry(t), Context: ctx, CoreMessage: stack.DMStatsMessage})
 	h.srv = control.NewServer(ctx, h.mgr)
-	off := stack.NewManager(ctx, registry(t), nil)
+	off := stack.NewManager(stack.ManagerOptions{Registry: registry(t), Context: ctx})
 	h.offline = control.NewServer(ctx, off)
 	h.env["DM_DEV_DIR"] = h.devDir
 	t.Cleanup(func() { h.srv.Close(); h.offline.Close(); h.mgr.Close(); off.Close(); cancel() })

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // The verbs, each as dmsetup's function of the same name does it. A verb
@@ -177,7 +178,8 @@ func (r *run) reportOf(name string) []control.DeviceReport {
 
 // createConcise is dmsetup's _create_concise: devices separated by `;`,
 // each name,uuid,minor,flags,table[,table...], `\` escaping the next
-// character; it stops at the first failure.
+// character (stack.ScanConcise reads them); it creates each device as it
+// is read and stops at the first failure.
 func (r *run) createConcise(args []string) bool {
 	if r.o.on("table") || r.o.on("minor") || r.o.on("uuid") || r.o.on("notable") || r.o.on("inactive") {
 		r.errf("--concise is incompatible with --[no]table, --minor, --uuid and --inactive.")
@@ -194,79 +196,44 @@ func (r *run) createConcise(args []string) bool {
 		}
 		spec = string(b)
 	}
-	fields := []string{""}
-	parsed := func() string {
-		f := append(append([]string(nil), fields...), make([]string, 5)...)
-		return fmt.Sprintf("Parsed %d fields: name: %s uuid: %s minor: %s flags: %s table: %s",
-			len(fields), f[0], nilText(f[1], len(fields) > 1), nilText(f[2], len(fields) > 2), nilText(f[3], len(fields) > 3), nilText(f[4], len(fields) > 4))
-	}
-	cur := &strings.Builder{}
-	skipSpace := func(i int) int {
-		for i+1 < len(spec) && isSpace(spec[i+1]) {
-			i++
+	ok := true
+	stack.ScanConcise(spec, false, func(e stack.ConciseEntry) bool {
+		fields := e.Fields
+		if len(fields) > 5 {
+			fields = append(fields[:4:4], strings.Join(fields[4:], "\n"))
 		}
-		return i
-	}
-	for i := 0; i < len(spec); i++ {
-		c := spec[i]
+		parsed := func() string {
+			f := append(append([]string(nil), fields...), make([]string, 5)...)
+			return fmt.Sprintf("Parsed %d fields: name: %s uuid: %s minor: %s flags: %s table: %s",
+				len(fields), f[0], nilText(f[1], len(fields) > 1), nilText(f[2], len(fields) > 2), nilText(f[3], len(fields) > 3), nilText(f[4], len(fields) > 4))
+		}
 		switch {
-		case c == '\\':
-			if i+1 >= len(spec) {
-				fields[len(fields)-1] = cur.String()
-				r.errf("Backslash must be followed by another character at end of string.")
-				r.errf("%s", parsed())
-				return false
-			}
-			i++
-			cur.WriteByte(spec[i])
-			continue
-		case c == ',' && len(fields) < 5:
-			fields[len(fields)-1] = cur.String()
-			fields = append(fields, "")
-			cur.Reset()
-			i = skipSpace(i)
-			continue
-		case c == ',':
-			cur.WriteByte('\n')
-			continue
-		case c == ';' || i+1 == len(spec):
-			if c != ';' {
-				cur.WriteByte(c)
-			}
-			fields[len(fields)-1] = cur.String()
-			cur.Reset()
-			if len(fields) != 5 {
-				r.errf("Five comma-separated fields are required for each device")
-				r.errf("%s", parsed())
-				return false
-			}
+		case e.Err == stack.ErrConciseBackslash:
+			r.errf("Backslash must be followed by another character at end of string.")
+		case e.Err == stack.ErrConciseIncomplete:
+			r.errf("Incomplete entry: five comma-separated fields are required for each device")
+		case len(fields) != 5:
+			r.errf("Five comma-separated fields are required for each device")
+		case fields[3] != "" && fields[3] != "ro" && fields[3] != "rw":
+			r.errf("Invalid flags parameter '%s' must be 'ro' or 'rw' or empty.", fields[3])
+			ok = false
+			return false
+		default:
 			var minor *uint32
 			if fields[2] != "" {
 				n, _ := atoi(fields[2])
 				m := uint32(n)
 				minor = &m
 			}
-			if fields[3] != "" && fields[3] != "ro" && fields[3] != "rw" {
-				r.errf("Invalid flags parameter '%s' must be 'ro' or 'rw' or empty.", fields[3])
-				return false
-			}
-			text, _, ok := r.parseLines(fields[4], "")
-			if !ok || !r.createOne(fields[0], fields[1], minor, fields[3] == "ro", &text) {
-				return false
-			}
-			fields = []string{""}
-			i = skipSpace(i)
-			continue
+			text, _, good := r.parseLines(fields[4], "")
+			ok = good && r.createOne(fields[0], fields[1], minor, fields[3] == "ro", &text)
+			return ok
 		}
-		cur.WriteByte(c)
-	}
-	if cur.Len() > 0 || len(fields) > 1 {
-		fields[len(fields)-1] = cur.String()
-		r.errf("Incomplete entry: five comma-separated fields are required for each device")
 		r.errf("%s", parsed())
+		ok = false
 		return false
-	}
-	return true
+	})
+	return ok
 }
 
 // nilText prints a concise field as dmsetup's %s does: "(null)" for a field
@@ -276,10 +243,6 @@ func nilText(s string, set bool) string {
 		return "(null)"
 	}
 	return s
-}
-
-func isSpace(c byte) bool {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
 }
 
 func (r *run) load(args []string, _ bool) bool {
@@ -519,227 +482,6 @@ func parseSector(s string) (uint64, bool) {
 	return v, true
 }
 
-func (r *run) wait(args []string, _ bool) bool {
-	name := ""
-	if !r.o.on("uuid") && !r.o.on("major") {
-		if len(args) == 0 {
-			r.errf("No device specified.")
-			return false
-		}
-		name, args = args[0], args[1:]
-	}
-	t, ok := r.device(name, false)
-	if !ok {
-		return false
-	}
-	var nr uint32
-	if len(args) > 0 {
-		n, _ := atoi(args[len(args)-1])
-		nr = uint32(n)
-	}
-	if _, ok := r.do("waitevent", t, &control.Request{Op: control.OpWait, Name: t.name, EventNr: nr}); !ok {
-		return false
-	}
-	return r.infoAfter(t)
-}
-
-// allDevices runs fn once per device (dmsetup's _process_all), or prints
-// "No devices found".
-func (r *run) allDevices(fn func(name string) bool) bool {
-	devs, ok := r.devices()
-	if !ok {
-		return false
-	}
-	if len(devs) == 0 {
-		r.outf("No devices found\n")
-		return true
-	}
-	res := true
-	for _, d := range devs {
-		if !fn(d.Name) {
-			res = false
-		}
-	}
-	return res
-}
-
-func (r *run) info(args []string, _ bool) bool {
-	if len(args) == 0 && !r.o.on("uuid") && !r.o.on("major") {
-		return r.allDevices(func(name string) bool { return r.displayInfo(target{name: name}) })
-	}
-	t, ok := r.device(first(args), false)
-	if !ok {
-		return false
-	}
-	return r.displayInfo(t)
-}
-
-// status is dmsetup's _status, for table and status.
-func (r *run) status(args []string, multi bool) bool {
-	if len(args) == 0 && !r.o.on("uuid") && !r.o.on("major") {
-		ok := r.allDevices(func(name string) bool { return r.statusOne(target{name: name}, true) })
-		r.endConcise()
-		return ok
-	}
-	t, ok := r.device(first(args), false)
-	if !ok {
-		return false
-	}
-	ok = r.statusOne(t, multi)
-	if len(args) <= 1 {
-		r.endConcise()
-	}
-	return ok
-}
-
-// endConcise ends table --concise's single line.
-func (r *run) endConcise() {
-	if r.cmd.name == "table" && r.o.on("concise") && r.conciseDone {
-		r.outf("\n")
-		r.conciseDone = false
-	}
-}
-
-func (r *run) statusOne(t target, multi bool) bool {
-	op, verb := control.OpStatus, "status"
-	concise := false
-	if r.cmd.name == "table" {
-		op, verb = control.OpTable, "table"
-		concise = r.o.on("concise")
-	}
-	if t.absent && verb == "status" {
-		r.errf("Device does not exist.")
-		return false
-	}
-	req := &control.Request{Op: op, Name: t.name, Inactive: r.o.on("inactive"), Target: r.o.val("target"), Concise: concise}
-	if t.absent {
-		r.do(verb, t, req)
-		return false
-	}
-	resp := r.call(req)
-	if resp == nil {
-		return false
-	}
-	if resp.Errno == "ENXIO" && verb == "status" {
-		r.errf("Device does not exist.")
-		return false
-	}
-	if resp.Error != "" {
-		r.failure(verb, t, resp)
-		return false
-	}
-	if concise {
-		if r.conciseDone {
-			r.outf(";")
-		}
-		r.outf("%s", strings.TrimSuffix(resp.Output, "\n"))
-		r.conciseDone = true
-		return true
-	}
-	if resp.Output == "" {
-		return true // --target matched no line
-	}
-	if r.o.verbose() > 0 && !r.displayInfo(t) {
-		return false
-	}
-	prefix := ""
-	if multi && r.o.verbose() == 0 {
-		prefix = t.name + ": "
-	}
-	for _, l := range strings.SplitAfter(resp.Output, "\n") {
-		if l != "" {
-			r.outf("%s%s", prefix, l)
-		}
-	}
-	if multi && r.o.verbose() > 0 {
-		r.outf("\n")
-	}
-	return true
-}
-
-func (r *run) deps(args []string, multi bool) bool {
-	one := func(t target, multi bool) bool {
-		req := &control.Request{Op: control.OpDeps, Name: t.name, Inactive: r.o.on("inactive"), Format: r.devName}
-		resp, ok := r.do("deps", t, req)
-		if !ok {
-			return false
-		}
-		if r.o.verbose() > 0 && !r.displayInfo(t) {
-			return false
-		}
-		prefix := ""
-		if multi && r.o.verbose() == 0 {
-			prefix = t.name + ": "
-		}
-		r.outf("%s%s", prefix, resp.Output)
-		if multi && r.o.verbose() > 0 {
-			r.outf("\n")
-		}
-		return true
-	}
-	if len(args) == 0 && !r.o.on("uuid") && !r.o.on("major") {
-		return r.allDevices(func(name string) bool { return one(target{name: name}, true) })
-	}
-	t, ok := r.device(first(args), false)
-	if !ok {
-		return false
-	}
-	return one(t, multi)
-}
-
-func (r *run) ls(_ []string, _ bool) bool {
-	devs, ok := r.devices()
-	if !ok {
-		return false
-	}
-	switch {
-	case r.o.on("target") || r.o.on("exec"):
-		for _, d := range devs {
-			if r.o.on("target") && !contains(d.Types, r.o.val("target")) {
-				continue
-			}
-			if !r.o.on("exec") || r.o.verbose() > 0 {
-				r.outf("%s\t(%d, %d)\n", d.Name, d.Major, d.Minor)
-			}
-			if r.o.on("exec") && !r.exec(d.Name) {
-				return false
-			}
-		}
-		return true
-	case r.o.on("tree"):
-		if len(devs) == 0 {
-			r.outf("No devices found\n")
-			return true
-		}
-		r.printTree(devs)
-		return true
-	}
-	if len(devs) == 0 {
-		r.outf("No devices found\n")
-		return true
-	}
-	for _, d := range devs {
-		switch r.devName {
-		case "blkdevname":
-			r.outf("%s\t(%s)\n", d.Name, d.BlkDevName)
-		case "devname":
-			r.outf("%s\t(%s)\n", d.Name, d.Name)
-		default:
-			r.outf("%s\t(%d:%d)\n", d.Name, d.Major, d.Minor)
-		}
-	}
-	return true
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 // exec runs ls --exec's command with the device's node as its last
 // argument, as dmsetup's _exec_command: the command is split on blanks.
 func (r *run) exec(name string) bool {
@@ -821,109 +563,3 @@ func (r *run) unsupported(_ []string, _ bool) bool {
 // The udev verbs: dmfuse makes its nodes itself and never waits for udev,
 // so there are no cookies and no semaphores; they answer as dmsetup does on
 // a system where udev holds none.
-
-func (r *run) udevCookies(_ []string, _ bool) bool {
-	r.outf("Cookie       Semid      Value      Last semop time           Last change time\n")
-	return true
-}
-
-func (r *run) udevCompleteAll(args []string, _ bool) bool {
-	age := 0
-	if len(args) == 1 {
-		n, err := strconv.ParseUint(args[0], 10, 32)
-		if err != nil {
-			r.errf("Failed to read age_in_minutes parameter.")
-			return false
-		}
-		age = int(n)
-	}
-	if !r.o.on("yes") {
-		older := ""
-		if age > 0 {
-			older = fmt.Sprintf("older than %d minutes ", age)
-		}
-		r.errf("WARNING: This operation will destroy all semaphores %swith keys that have a prefix 3405 (0xd4d).", older)
-		if !r.yes("Do you really want to continue? [y/n]: ") {
-			r.outf("Semaphores with keys prefixed by 3405 (0xd4d) NOT destroyed.\n")
-			return true
-		}
-	}
-	r.outf("0 semaphores with keys prefixed by 3405 (0xd4d) destroyed. 0 skipped.\n")
-	return true
-}
-
-// yes asks prompt until the answer line is y or n, as dmsetup's
-// _yes_no_prompt; end of input is no.
-func (r *run) yes(prompt string) bool {
-	buf := make([]byte, 1)
-	ans := byte(0)
-	r.outf("%s", prompt)
-	for {
-		n, _ := r.env.Stdin.Read(buf)
-		if n == 0 {
-			r.outf("\n")
-			return false
-		}
-		c := buf[0] | 0x20
-		if c == 'y' || c == 'n' {
-			ans = c
-		}
-		if buf[0] == '\n' {
-			if ans != 0 {
-				return ans == 'y'
-			}
-			r.outf("%s", prompt)
-		}
-	}
-}
-
-func (r *run) udevComplete(args []string, _ bool) bool {
-	if _, ok := cookieValue(args[0]); !ok {
-		r.errf("Incorrect cookie value.")
-		return false
-	}
-	return true
-}
-
-func (r *run) udevFlags(args []string, _ bool) bool {
-	cookie, ok := cookieValue(args[0])
-	if !ok {
-		r.errf("Incorrect cookie value.")
-		return false
-	}
-	names := []string{"DISABLE_DM_RULES", "DISABLE_SUBSYSTEM_RULES", "DISABLE_DISK_RULES", "DISABLE_OTHER_RULES",
-		"LOW_PRIORITY", "DISABLE_LIBRARY_FALLBACK", "PRIMARY_SOURCE"}
-	flags := cookie >> 16
-	for i := 0; i < 16; i++ {
-		if flags&(1<<i) == 0 {
-			continue
-		}
-		switch {
-		case i < 8 && i < len(names):
-			r.outf("DM_UDEV_%s_FLAG='1'\n", names[i])
-		case i < 8:
-			r.outf("DM_UDEV_FLAG%d='1'\n", i)
-		default:
-			r.outf("DM_SUBSYSTEM_UDEV_FLAG%d='1'\n", i-8)
-		}
-	}
-	return true
-}
-
-func (r *run) udevCreateCookie(_ []string, _ bool) bool { return true }
-
-func (r *run) udevReleaseCookie(args []string, _ bool) bool {
-	c := first(args)
-	if c == "" {
-		c = r.env.Getenv("DM_UDEV_COOKIE")
-	}
-	if c == "" {
-		r.errf("No udev transaction cookie given.")
-		return false
-	}
-	if _, ok := cookieValue(c); !ok {
-		r.errf("Incorrect cookie value.")
-		return false
-	}
-	return true
-}

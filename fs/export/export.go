@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -91,6 +90,14 @@ func (l *Loops) Users(d *stack.Device) (int32, int32) {
 	return e.loop.users(), 1
 }
 
+// Listener is what the exporter subscribes to its manager with
+// (stack.Manager.Subscribe), after the fs layer: a device's loop device is
+// attached after its file shows the new table, and detached before the
+// file goes.
+func (l *Loops) Listener() stack.Listener {
+	return stack.Listener{OnChange: l.Changed, OnRemove: l.Removed}
+}
+
 // BlockDevice returns the loop device d is exported as ("" if none).
 func (l *Loops) BlockDevice(d *stack.Device) string {
 	l.mu.Lock()
@@ -101,8 +108,8 @@ func (l *Loops) BlockDevice(d *stack.Device) string {
 	return ""
 }
 
-// Changed follows a change of d's live table or name (the manager's
-// OnChange): the first live table attaches a loop device and makes the
+// Changed follows a change of d's live table or name (OnChange of
+// Listener): the first live table attaches a loop device and makes the
 // link, a new size is passed to the loop device, a new name renames the
 // link, a new read-only mode sets the loop device's.
 func (l *Loops) Changed(d *stack.Device) {
@@ -158,8 +165,8 @@ func blockSize(f *os.File) (uint64, error) {
 	return unix.IoctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64)
 }
 
-// Removed detaches d's loop device and removes its link (the manager's
-// OnRemove). A file system still frozen is thawed first.
+// Removed detaches d's loop device and removes its link (OnRemove of
+// Listener). A file system still frozen is thawed first.
 func (l *Loops) Removed(d *stack.Device) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -183,36 +190,22 @@ func (l *Loops) Removed(d *stack.Device) {
 // returns one line per thing it did.
 func Cleanup(mount, mapper, state string) []string {
 	var did []string
-	loops := loopsBackedUnder(mount)
+	loops := LoopsUnder(mount)
 	did = append(did, cleanupEntries(mapper, state)...)
 	for _, lp := range loops {
-		for _, m := range mountsOf(lp.rdev) {
+		for _, m := range MountsOf(lp.Rdev) {
 			if unix.Unmount(m, unix.MNT_DETACH) == nil {
-				did = append(did, fmt.Sprintf("unmounted %s (on %s)", m, lp.path))
+				did = append(did, fmt.Sprintf("unmounted %s (on %s)", m, lp.Path))
 			}
 		}
-		if err := detachLoop(lp.path); err == nil {
-			did = append(did, "detached "+lp.path)
+		if err := detachLoop(lp.Path); err == nil {
+			did = append(did, "detached "+lp.Path)
 		}
 	}
-	if mounted(mount) {
+	if Mounted(mount) {
 		if err := unix.Unmount(mount, unix.MNT_DETACH); err == nil {
 			did = append(did, "unmounted "+mount)
 		}
 	}
 	return did
-}
-
-// mounted reports whether dir is a mount point.
-func mounted(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && unescapeMount(f[4]) == dir {
-			return true
-		}
-	}
-	return false
 }

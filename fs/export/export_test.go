@@ -45,13 +45,13 @@ func TestLoopUsers(t *testing.T) {
 	if n := l.users(); n != 0 {
 		t.Errorf("users of a fresh loop device: %d", n)
 	}
-	if got := loopsBackedUnder(filepath.Dir(img)); len(got) != 1 || got[0] != *l {
-		t.Errorf("loopsBackedUnder: %+v, want %+v", got, *l)
+	if got := LoopsUnder(filepath.Dir(img)); len(got) != 1 || got[0] != (Loop{Path: l.path, Rdev: l.rdev}) {
+		t.Errorf("LoopsUnder: %+v, want %+v", got, *l)
 	}
 	if err := detachLoop(l.path); err != nil {
 		t.Fatal(err)
 	}
-	if got := loopsBackedUnder(filepath.Dir(img)); len(got) != 0 {
+	if got := LoopsUnder(filepath.Dir(img)); len(got) != 0 {
 		t.Errorf("after detach: %+v", got)
 	}
 }

@@ -85,7 +85,7 @@ func (l *Loops) Freeze(d *stack.Device) error {
 	if e == nil {
 		return nil
 	}
-	mounts := mountsOf(e.loop.rdev)
+	mounts := MountsOf(e.loop.rdev)
 	if len(mounts) == 0 {
 		fd, err := unix.Open(e.loop.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {

@@ -4,9 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"unsafe"
 
@@ -134,44 +131,4 @@ func setReadOnly(dev string, ro bool) error {
 		return fmt.Errorf("%s: BLKROSET: %w", dev, e)
 	}
 	return nil
-}
-
-// loopsBackedUnder lists the loop devices whose backing file lies under
-// dir, from sysfs (read before dir's mount goes: a detached mount's files
-// show as relative paths).
-func loopsBackedUnder(dir string) []loopDev {
-	var out []loopDev
-	matches, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, m := range matches {
-		b, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		p := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
-		if p != dir && !strings.HasPrefix(p, dir+"/") {
-			continue
-		}
-		blk := filepath.Dir(filepath.Dir(m))
-		devno, err := os.ReadFile(filepath.Join(blk, "dev"))
-		if err != nil {
-			continue
-		}
-		maj, min, ok := parseDevNo(strings.TrimSpace(string(devno)))
-		if !ok {
-			continue
-		}
-		out = append(out, loopDev{path: "/dev/" + filepath.Base(blk), rdev: unix.Mkdev(maj, min)})
-	}
-	return out
-}
-
-// parseDevNo parses "MAJ:MIN".
-func parseDevNo(s string) (uint32, uint32, bool) {
-	a, b, ok := strings.Cut(s, ":")
-	if !ok {
-		return 0, 0, false
-	}
-	maj, err1 := strconv.ParseUint(a, 10, 32)
-	min, err2 := strconv.ParseUint(b, 10, 32)
-	return uint32(maj), uint32(min), err1 == nil && err2 == nil
 }

@@ -1,7 +1,6 @@
 package export
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,31 +12,6 @@ import (
 // The users of a block device, as the kernel's open count of a dm device
 // sees them: a mounted file system, each open file descriptor on it, each
 // device stacked on it (holders) and swap.
-
-// mountsOf returns the mount points of the file systems on block device
-// rdev, from /proc/self/mountinfo.
-func mountsOf(rdev uint64) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	want := fmt.Sprintf("%d:%d", unix.Major(rdev), unix.Minor(rdev))
-	var out []string
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 64<<10), 1<<20)
-	for s.Scan() {
-		fs := strings.Fields(s.Text())
-		if len(fs) > 4 && fs[2] == want {
-			out = append(out, unescapeMount(fs[4]))
-		}
-	}
-	return out
-}
-
-func unescapeMount(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
-}
 
 // openFDs counts the open file descriptors of every process on block
 // device rdev (/proc/PID/fd), skipping the process self.
@@ -99,7 +73,7 @@ func swaps(dev string) bool {
 // users counts the users of the loop device l.
 func (l *loopDev) users() int32 {
 	n := openFDs(l.rdev) + holders(l.path)
-	if len(mountsOf(l.rdev)) > 0 {
+	if len(MountsOf(l.rdev)) > 0 {
 		n++
 	}
 	if swaps(l.path) {

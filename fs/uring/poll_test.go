@@ -411,3 +411,45 @@ func TestPollCounts(t *testing.T) {
 		t.Errorf("counted %d polls, %d probes, %d hits; made %d, %d, %d", q.polls.Load(), q.probes.Load(), q.hits.Load(), s.spins, s.probes, s.hits)
 	}
 }
+
+// steppingClock advances by step at every reading.
+type steppingClock struct{ now, step int64 }
+
+func (c *steppingClock) Nanotime() int64 { c.now += c.step; return c.now }
+
+// TestSpinContended: a spin whose looks come contendedAfter apart (another
+// thread held the CPU in between) reports contention, also when the look
+// finds a request; one whose looks come close together does not, and a
+// spin for a reply ignores the gaps.
+func TestSpinContended(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		step           int64
+		request, watch bool
+		hit, contended bool
+	}{
+		{"contended, request", contendedAfter, true, true, true, true},
+		{"contended, nothing", contendedAfter, false, true, false, true},
+		{"free, request", us, true, true, true, false},
+		{"free, nothing", us, false, true, false, false},
+		{"reply spin, slow looks", contendedAfter, false, false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &steppingClock{now: 1, step: tc.step}
+			cfg := Config{Depth: 1, PayloadSize: 8192, Clock: clk}
+			r := newFakeRing()
+			s := newServer(cfg, []ring{r}, [][]byte{make([]byte, bufSize(cfg))})
+			if tc.request {
+				r.cq = append(r.cq, 0)
+			}
+			q := s.queues[0]
+			hit, contended := q.spin(int64(DefaultPollWindow), tc.watch)
+			if hit != tc.hit || contended != tc.contended {
+				t.Errorf("hit %v, contended %v; want %v, %v", hit, contended, tc.hit, tc.contended)
+			}
+			if q.poll.spun.Load() <= 0 {
+				t.Error("no spinning time counted")
+			}
+		})
+	}
+}

@@ -375,12 +375,16 @@ func (q *queue) spin(w int64, yield bool) (hit, contended bool) {
 	end, last := start+w, start
 	defer func() { q.poll.spunFor(q.s.clock.Nanotime() - start) }()
 	for {
-		if q.r.ready() || q.done.Load() != nil || q.stopping.Load() {
-			return true, false
-		}
+		found := q.r.ready() || q.done.Load() != nil || q.stopping.Load()
 		now := q.s.clock.Nanotime()
 		if yield && now-last >= contendedAfter {
-			return false, true
+			// Also when the look finds a request: one that
+			// came while another thread held the CPU waited for
+			// it, as the next will.
+			return found, true
+		}
+		if found {
+			return true, false
 		}
 		if now > end {
 			return false, false

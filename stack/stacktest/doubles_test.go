@@ -19,8 +19,8 @@ func TestOpenerMatchesManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := stack.NewManager(context.Background(), reg, nil)
-	t.Cleanup(m.RemoveAll)
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg})
+	t.Cleanup(func() { m.Close() })
 	dir := t.TempDir()
 	open := stacktest.Opener{"mem": stacktest.NewMemDevice("mem", 1<<20)}
 	for _, arg := range []string{"nosuch", "253:77", "4095:99", "./missing.img", dir + "/missing.img", "99999999999:1"} {
@@ -70,6 +70,9 @@ func TestMemDevice(t *testing.T) {
 	}
 	if !bytes.Equal(d.Bytes()[3072:], p) || !bytes.Equal(d.Bytes()[:3072], make([]byte, 3072)) {
 		t.Errorf("Bytes does not show exactly the write")
+	}
+	if c := d.Contents(); !bytes.Equal(c, d.Bytes()) || &c[0] == &d.Bytes()[0] {
+		t.Errorf("Contents is not a copy of the contents")
 	}
 	if err := d.Discard(ctx, 3072, 512); err != nil {
 		t.Fatal(err)

@@ -124,3 +124,25 @@ func TestFaultDeviceHold(t *testing.T) {
 		t.Errorf("write after Remove: %v", err)
 	}
 }
+
+// TestFaultDeviceNameAndLimits: a named fault device prints as its own name
+// over another device's storage, and SetLimits replaces the limits it
+// passes on from the device below.
+func TestFaultDeviceNameAndLimits(t *testing.T) {
+	ctx := context.Background()
+	mem := stacktest.NewMemDevice("a", 4096)
+	a, b := stacktest.NewFaultDevice(mem), stacktest.NewNamedFaultDevice("b", mem)
+	if a.Name() != "a" || b.Name() != "b" {
+		t.Errorf("names %q, %q; want a, b", a.Name(), b.Name())
+	}
+	if _, err := b.WriteAt(ctx, []byte{9}, 100); err != nil || mem.Bytes()[100] != 9 {
+		t.Errorf("a write through b did not reach the storage: %v", err)
+	}
+	if got, want := a.Limits(), (stack.Limits{Discard: true, WriteZeroes: true}); got != want {
+		t.Errorf("limits of a memory device: %+v, want %+v", got, want)
+	}
+	a.SetLimits(stack.Limits{WriteZeroes: true})
+	if got := stack.LimitsOf(a); got != (stack.Limits{WriteZeroes: true}) {
+		t.Errorf("limits after SetLimits: %+v", got)
+	}
+}

@@ -167,6 +167,18 @@ func RunRegistry(t *testing.T, reg *stack.Registry) {
 	Suite{}.RunRegistry(t, reg)
 }
 
+// Missing returns the names of the types of reg that Cases does not know, in
+// name order: the types RunRegistry fails for.
+func Missing(reg *stack.Registry) []string {
+	var out []string
+	for _, typ := range reg.Types() {
+		if _, ok := Cases[typ.Name]; !ok {
+			out = append(out, typ.Name)
+		}
+	}
+	return out
+}
+
 // Mount serves the devices of m as files in a folder, as dmfuse's fs
 // layer does, for as long as the test runs, and returns the folder: the
 // device called NAME is the file NAME in it.
@@ -260,14 +272,14 @@ func segments(typ *stack.TargetType) int {
 
 // newManager returns a manager for typ alone on a manual clock, removed with
 // everything it made when the test ends.
-func newManager(t testing.TB, typ *stack.TargetType) *stack.Manager {
+func newManager(t testing.TB, typ *stack.TargetType, open func(string) (stack.BlockDevice, error)) *stack.Manager {
 	reg, err := stack.NewRegistry(typ)
 	if err != nil {
 		t.Fatal(err)
 	}
 	clk := &clock.Manual{}
 	clk.Set(1e9)
-	m := stack.NewManager(context.Background(), reg, clk)
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Clock: clk, Open: open})
 	t.Cleanup(func() {
 		if err := m.Close(); err != nil {
 			t.Error(err)
@@ -289,7 +301,7 @@ func tableText(typ *stack.TargetType, c Case, args []string) string {
 // device "mem<i>".
 func newMemEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
 	t.Helper()
-	e := &env{t: t, typ: typ, c: c, mgr: newManager(t, typ)}
+	e := &env{t: t, typ: typ, c: c}
 	open := Opener{}
 	for i := range nseg {
 		name := fmt.Sprintf("mem%d", i)
@@ -301,7 +313,7 @@ func newMemEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
 			open[name+AuxSuffix] = NewMemDevice(name+AuxSuffix, c.Aux)
 		}
 	}
-	e.mgr.Open = open.Open
+	e.mgr = newManager(t, typ, open.Open)
 	e.create()
 	return e
 }
@@ -310,7 +322,7 @@ func newMemEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
 // backing file whose name holds a space and a backslash.
 func newFileEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
 	t.Helper()
-	e := &env{t: t, typ: typ, c: c, mgr: newManager(t, typ)}
+	e := &env{t: t, typ: typ, c: c, mgr: newManager(t, typ, nil)}
 	dir := t.TempDir()
 	for i := range nseg {
 		p := filepath.Join(dir, fmt.Sprintf(`seg %d\back.img`, i))
@@ -492,8 +504,8 @@ func SegmentOffsets(t testing.TB, typ *stack.TargetType, c Case) {
 	e.settle()
 	for i, m := range e.mems {
 		seg := model[int64(i)*segBytes : int64(i+1)*segBytes]
-		if !bytes.Equal(m.Bytes(), seg) {
-			t.Errorf("segment %d: its device holds other data than was written at the segment's offsets (first difference at segment byte %d)", i, firstDiff(m.Bytes(), seg))
+		if got := m.Contents(); !bytes.Equal(got, seg) {
+			t.Errorf("segment %d: its device holds other data than was written at the segment's offsets (first difference at segment byte %d)", i, firstDiff(got, seg))
 		}
 	}
 	e.read(model, 0)
@@ -559,8 +571,8 @@ func ConcurrentIO(t testing.TB, typ *stack.TargetType, c Case) {
 		e.settle()
 		for i, m := range e.mems {
 			seg := model[int64(i)*segBytes : int64(i+1)*segBytes]
-			if !bytes.Equal(m.Bytes(), seg) {
-				t.Errorf("backing device %d differs from the model at byte %d", i, firstDiff(m.Bytes(), seg))
+			if got := m.Contents(); !bytes.Equal(got, seg) {
+				t.Errorf("backing device %d differs from the model at byte %d", i, firstDiff(got, seg))
 			}
 		}
 	}
@@ -650,7 +662,7 @@ func (e *env) roundTrip() {
 	if err := e.mgr.Load(envName, text, ""); err != nil {
 		t.Fatalf("the printed table does not load again: %v\n%s", err, text)
 	}
-	if err := e.mgr.Resume(envName); err != nil {
+	if err := e.mgr.Resume(envName, stack.Flags{}); err != nil {
 		t.Fatalf("resume with the printed table: %v", err)
 	}
 	if again := e.dev.FormatTable(stack.StatusTable, false); again != text {

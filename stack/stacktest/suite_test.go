@@ -211,3 +211,16 @@ func TestNotApplicableNamesChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestMissingCases: a registered type without a case is reported, so that
+// RunRegistry fails for it; the known ones are not.
+func TestMissingCases(t *testing.T) {
+	stray := &stack.TargetType{Name: "stray", Version: [3]int{1, 0, 0}, New: stack.Zero.New}
+	reg, err := stack.NewRegistry(stack.Linear, stray, stack.Zero)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stacktest.Missing(reg); len(got) != 1 || got[0] != "stray" {
+		t.Errorf("Missing = %q, want [stray]", got)
+	}
+}

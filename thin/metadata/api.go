@@ -1,14 +1,3 @@
-// Package metadata keeps a thin pool's metadata on the kernel's on-disk
-// format (drivers/md/dm-thin-metadata.c over drivers/md/persistent-data):
-// a superblock, a metadata and a data space map, the two-level mapping
-// btree (device id, then virtual block) and the device-details btree.
-// A metadata device it writes passes thin_check and reads with thin_dump;
-// one written by thin_restore opens here.
-//
-// The API follows dm-thin-metadata.h. One Store serves one pool; its
-// methods are safe for concurrent use (a pool-wide reader/writer lock, as
-// the kernel's pmd->root_lock). Changes are made in a transaction that
-// Commit makes durable (the superblock written last) and Abort drops.
 package metadata
 
 import (
@@ -30,6 +19,9 @@ var (
 	ErrNoDevice = errors.New("no such device")
 	// ErrNoSpace: no free data (or metadata) block.
 	ErrNoSpace = errs.ErrNoSpace
+	// ErrNoMetadataSpace: no free metadata block (the kernel's metadata
+	// ENOSPC, which aborts the transaction); it wraps ErrNoSpace.
+	ErrNoMetadataSpace = errs.ErrNoMetadataSpace
 	// ErrReadOnly: the store was opened or set read-only.
 	ErrReadOnly = errs.ErrReadOnly
 	// ErrBusy: a thin device is open, or a metadata snapshot is

@@ -10,8 +10,9 @@ import (
 
 // verifyCounts recomputes every reference count of the committed
 // metadata, as thin_check 1.x does, and compares them with both space
-// maps, and each device's mapped_blocks with its tree.
-func verifyCounts(t testing.TB, p *Pool) {
+// maps, and each device's mapped_blocks with its tree. It returns the highest
+// metadata and data counts.
+func verifyCounts(t testing.TB, p *Pool) (maxMeta, maxData uint32) {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -114,6 +115,7 @@ func verifyCounts(t testing.TB, p *Pool) {
 		if c != meta[b] {
 			t.Errorf("metadata block %d: count %d, %d references", b, c, meta[b])
 		}
+		maxMeta = max(maxMeta, c)
 		if c > 0 {
 			allocated++
 		}
@@ -130,6 +132,7 @@ func verifyCounts(t testing.TB, p *Pool) {
 		if c != data[b] {
 			t.Errorf("data block %d: count %d, %d references", b, c, data[b])
 		}
+		maxData = max(maxData, c)
 		if c > 0 {
 			allocated++
 		}
@@ -137,4 +140,5 @@ func verifyCounts(t testing.TB, p *Pool) {
 	if sb.dataSM.NrAllocated != allocated {
 		t.Errorf("data nr_allocated %d, counted %d", sb.dataSM.NrAllocated, allocated)
 	}
+	return maxMeta, maxData
 }

@@ -12,12 +12,16 @@ import (
 )
 
 // The interop tests run the thin-provisioning-tools when they are
-// installed (CI installs them).
+// installed. CI installs them and sets DMFUSE_REQUIRE_FUSE=1, under which a
+// missing tool fails the test instead of skipping it.
 
 func needTool(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
+		if os.Getenv("DMFUSE_REQUIRE_FUSE") == "1" {
+			t.Fatalf("%s not installed (DMFUSE_REQUIRE_FUSE=1)", name)
+		}
 		t.Skipf("%s not installed", name)
 	}
 	return p
@@ -120,8 +124,20 @@ func TestInteropWriteCheckDump(t *testing.T) {
 			t.Fatal(err)
 		}
 		runTool(t, "thin_check", path)
-		got, _ := dumpModel(t, path)
+		got, d := dumpModel(t, path)
 		sameModel(t, got, m)
+		if d.Time != p.time || d.Transaction != p.TransactionID() || d.DataBlockSize != 128 || d.NrDataBlocks != 30000 {
+			t.Fatalf("thin_dump superblock %+v", d)
+		}
+		for _, dev := range d.Devices {
+			st, ok, err := p.device(dev.ID)
+			if err != nil || !ok {
+				t.Fatalf("device %d: %v", dev.ID, err)
+			}
+			if st.d != (deviceDetails{dev.MappedBlocks, dev.Transaction, dev.CreationTime, dev.SnapTime}) {
+				t.Fatalf("device %d: details %+v, thin_dump %+v", dev.ID, st.d, dev)
+			}
+		}
 	}
 	verifyCounts(t, p)
 }
@@ -254,4 +270,68 @@ func TestInteropMetadataSnap(t *testing.T) {
 	}
 	verifyCounts(t, p)
 	runTool(t, "thin_check", path)
+}
+
+// TestInteropManyDevices makes the top level of the mapping tree and the
+// details tree several levels deep (hundreds of devices, snapshots of
+// snapshots), deletes a third of them, and checks with the tools.
+func TestInteropManyDevices(t *testing.T) {
+	needTool(t, "thin_check")
+	dev, path := newFileDev(t, 4096)
+	p := mustOpen(t, dev, Options{Format: true, DataBlockSize: 128, DataBlocks: 100000, CacheBlocks: 64})
+	m := model{}
+	rng := rand.New(rand.NewSource(17))
+	for id := uint32(0); id < 700; id++ {
+		if id%3 == 0 || id < 3 {
+			if err := p.CreateThin(id); err != nil {
+				t.Fatal(err)
+			}
+			m[id] = map[uint64]uint64{}
+		} else {
+			origin := uint32(rng.Intn(int(id)))
+			for m[origin] == nil {
+				origin = uint32(rng.Intn(int(id)))
+			}
+			if err := p.CreateSnap(id, origin); err != nil {
+				t.Fatal(err)
+			}
+			m[id] = map[uint64]uint64{}
+			for k, v := range m[origin] {
+				m[id][k] = v
+			}
+		}
+		th := mustThin(t, p, id)
+		for j := 0; j < 10; j++ {
+			d, err := p.AllocDataBlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := uint64(rng.Intn(600))
+			if err := th.Insert(v, d); err != nil {
+				t.Fatal(err)
+			}
+			m[id][v] = d
+		}
+		if err := th.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if id%100 == 99 {
+			if err := p.Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for id := uint32(0); id < 700; id += 3 {
+		if err := p.DeleteThin(id); err != nil {
+			t.Fatal(err)
+		}
+		delete(m, id)
+	}
+	if err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	verifyCounts(t, p)
+	runTool(t, "thin_check", path)
+	got, _ := dumpModel(t, path)
+	sameModel(t, got, m)
 }

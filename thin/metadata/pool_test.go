@@ -236,3 +236,87 @@ func TestLargeMetadataFormat(t *testing.T) {
 		runTool(t, "thin_check", path)
 	}
 }
+
+// TestFormatEmptyDataThenGrow formats as the pool target does, with no
+// data blocks until its first resume grows the data space map.
+func TestFormatEmptyDataThenGrow(t *testing.T) {
+	dev, path := newFileDev(t, 256)
+	if _, err := Open(dev, Options{ReadOnly: true, DataBlockSize: 128}); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("read-only open of a zeroed device: %v, want ErrReadOnly", err)
+	}
+	p := mustOpen(t, dev, Options{Format: true, DataBlockSize: 128})
+	if n, _ := p.DataBlocks(); n != 0 {
+		t.Fatalf("%d data blocks, want 0", n)
+	}
+	if _, err := p.AllocDataBlock(); !errors.Is(err, ErrNoSpace) || errors.Is(err, ErrNoMetadataSpace) {
+		t.Fatalf("alloc from no data blocks: %v, want ErrNoSpace alone", err)
+	}
+	if _, err := exec.LookPath("thin_check"); err == nil {
+		runTool(t, "thin_check", path)
+	}
+	if err := p.ResizeData(100); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CreateThin(1); err != nil {
+		t.Fatal(err)
+	}
+	th := mustThin(t, p, 1)
+	d, err := p.AllocDataBlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := th.Insert(9, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	verifyCounts(t, p)
+	if _, err := exec.LookPath("thin_check"); err == nil {
+		runTool(t, "thin_check", path)
+		got, _ := dumpModel(t, path)
+		sameModel(t, got, model{1: {9: d}})
+	}
+}
+
+// TestMetadataFull fills a small metadata device until a change fails
+// with ErrNoSpace; Abort returns to the last commit, which thin_check
+// finds clean.
+func TestMetadataFull(t *testing.T) {
+	dev, path := newFileDev(t, 128)
+	p := mustOpen(t, dev, Options{Format: true, DataBlockSize: 128, DataBlocks: 1 << 18})
+	if err := p.CreateThin(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	th := mustThin(t, p, 1)
+	var full error
+	committed := 0
+	for v := uint64(0); v < 1<<19 && full == nil; v += 2 {
+		d, err := p.AllocDataBlock()
+		if err == nil {
+			err = th.Insert(v, d)
+		}
+		if err == nil && v%512 == 0 {
+			if err = p.Commit(); err == nil {
+				committed = int(v/2) + 1
+			}
+		}
+		full = err
+	}
+	if !errors.Is(full, ErrNoMetadataSpace) || !errors.Is(full, ErrNoSpace) {
+		t.Fatalf("filling the metadata: %v, want ErrNoMetadataSpace", full)
+	}
+	if err := p.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := th.MappedCount(); n != uint64(committed) {
+		t.Errorf("%d mappings after abort, %d committed", n, committed)
+	}
+	verifyCounts(t, p)
+	if _, err := exec.LookPath("thin_check"); err == nil {
+		runTool(t, "thin_check", path)
+	}
+}

@@ -68,11 +68,11 @@ func Open(dev Device, o Options) (*Pool, error) {
 	}
 	p := &Pool{dev: dev, opts: o, devs: make(map[uint32]*devState)}
 	if !slices.ContainsFunc(buf, func(c byte) bool { return c != 0 }) {
-		if !o.Format {
-			return nil, fmt.Errorf("%w: metadata device holds no pool (its first 4 KiB are zero)", ErrCorrupt)
-		}
 		if o.ReadOnly {
 			return nil, fmt.Errorf("cannot format a new pool on a read-only metadata device: %w", ErrReadOnly)
+		}
+		if !o.Format {
+			return nil, fmt.Errorf("%w: metadata device holds no pool (its first 4 KiB are zero)", ErrCorrupt)
 		}
 		if err := p.format(nr); err != nil {
 			return nil, err

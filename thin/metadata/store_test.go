@@ -3,6 +3,7 @@ package metadata
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand"
 	"slices"
 	"testing"
@@ -158,21 +159,38 @@ func TestStoreRandomAgainstModel(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	m := model{}
 	var next uint32
-	rounds := 30
-	if testing.Short() {
-		rounds = 8
-	}
+	const rounds = 30
+	var maxMeta, maxData uint32
 	for r := 0; r < rounds; r++ {
 		randomOps(t, rng, p, m, 60, &next)
+		if r%5 == 2 {
+			// Two snapshots in a row: three devices share a tree.
+			var origin uint32
+			for origin = range m {
+				break
+			}
+			for i := 0; i < 2; i++ {
+				if err := p.CreateSnap(next, origin); err != nil {
+					t.Fatal(err)
+				}
+				m[next] = maps.Clone(m[origin])
+				next++
+			}
+		}
 		if err := p.Commit(); err != nil {
 			t.Fatal(err)
 		}
 		checkModel(t, p, m)
-		verifyCounts(t, p)
+		mm, md := verifyCounts(t, p)
+		maxMeta, maxData = max(maxMeta, mm), max(maxData, md)
 		if r%5 == 4 {
 			p.Close()
 			p = mustOpen(t, dev, Options{DataBlockSize: 128, CacheBlocks: 64})
 			checkModel(t, p, m)
 		}
+	}
+	// The overflow trees of both space maps were used.
+	if maxMeta < 3 || maxData < 3 {
+		t.Errorf("highest counts: metadata %d, data %d; the test never reached the overflow trees", maxMeta, maxData)
 	}
 }

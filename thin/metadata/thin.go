@@ -16,6 +16,7 @@ type thinDev struct {
 
 var _ Thin = (*thinDev)(nil)
 
+// ID is the device's id.
 func (t *thinDev) ID() uint32 { return t.st.id }
 
 // root returns the device's mapping tree root; called with p.mu held.
@@ -117,10 +118,15 @@ func (t *thinDev) Insert(v, d uint64) error {
 	if err := p.writable(); err != nil {
 		return err
 	}
+	if n := p.dsm.NrBlocks(); d >= n {
+		return fmt.Errorf("map block %d of thin device %d to data block %d: the pool has %d", v, t.st.id, d, n)
+	}
 	p.changed = true
 	inserted := false
+	var val [8]byte
+	le.PutUint64(val[:], packBlockTime(d, p.time))
 	err := t.update(func(root uint64) (uint64, error) {
-		nr, ins, err := btree.Insert(&p.bottom, root, v, le64(packBlockTime(d, p.time)))
+		nr, ins, err := btree.Insert(&p.bottom, root, v, val[:])
 		inserted = ins
 		return nr, err
 	})

@@ -31,6 +31,17 @@ func New(name string, size int64) *Device {
 // in flight is a data race.
 func (m *Device) Bytes() []byte { return m.data }
 
+// Contents returns a copy of the device's contents, taken under the
+// device's lock: unlike Bytes, it may be called while I/O is in flight, and
+// it orders after every I/O that completed before it, also for the race
+// detector when the I/O completed through the kernel (a FUSE mount served
+// by the same process).
+func (m *Device) Contents() []byte {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return append([]byte(nil), m.data...)
+}
+
 // Flushes returns how many flushes reached the device.
 func (m *Device) Flushes() int {
 	m.mu.RLock()

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dmfuse/dmfuse/fs/export"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,18 +32,7 @@ func Unmount(dir string) {
 }
 
 // IsMount reports whether dir is a mount point of this mount namespace.
-func IsMount(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
-}
+func IsMount(dir string) bool { return export.Mounted(dir) }
 
 // Fill writes size bytes of pseudo-random data (the same every time) to a new
 // file, so that reads are of real data rather than of a sparse hole.

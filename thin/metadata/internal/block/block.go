@@ -38,12 +38,13 @@ type Block struct {
 	ready chan struct{}
 	err   error
 
+	writer atomic.Bool // write-locked; changed by the lock's holder
+
 	// Under Manager.mu.
 	pins       int
 	dirty      bool
 	prev, next *Block // LRU list of unpinned blocks
 	inLRU      bool
-	writer     bool
 }
 
 // Loc is the block's location.
@@ -278,28 +279,33 @@ func (m *Manager) writeLock(loc uint64, v *Validator, zero bool) (*Block, error)
 		clear(b.data)
 		b.v = v
 	}
-	m.mu.Lock()
-	b.writer, b.dirty = true, true
-	m.mu.Unlock()
+	b.writer.Store(true)
 	return b, nil
 }
 
-// Unlock releases a read or write lock.
+// Unlock releases a read or write lock; a block that was write-locked is
+// dirty.
 func (m *Manager) Unlock(b *Block) {
-	m.mu.Lock()
-	w := b.writer
-	b.writer = false
-	m.mu.Unlock()
+	w := b.writer.Load()
 	if w {
+		b.writer.Store(false)
 		b.rw.Unlock()
 	} else {
 		b.rw.RUnlock()
 	}
-	m.unpin(b)
 	m.mu.Lock()
-	err := m.evict()
+	if w {
+		b.dirty = true
+	}
+	b.pins--
+	if b.pins == 0 && b.err == nil {
+		if _, ok := m.blocks[b.loc]; ok {
+			m.lruPush(b)
+		}
+	}
+	// A failed write-back leaves the block dirty; Flush reports it.
+	_ = m.evict()
 	m.mu.Unlock()
-	_ = err // a failed write-back leaves the block dirty; Flush reports it
 }
 
 // Flush writes every dirty block, in order of location, then flushes the
@@ -308,11 +314,11 @@ func (m *Manager) Flush() error {
 	m.mu.Lock()
 	var dirty []*Block
 	for _, b := range m.blocks {
+		if b.writer.Load() {
+			m.mu.Unlock()
+			return fmt.Errorf("flush: block %d is still write-locked", b.loc)
+		}
 		if b.dirty {
-			if b.writer {
-				m.mu.Unlock()
-				return fmt.Errorf("flush: block %d is still write-locked", b.loc)
-			}
 			dirty = append(dirty, b)
 		}
 	}

@@ -14,6 +14,8 @@ var (
 	ErrNoSpace = errors.New("no free space")
 	// ErrReadOnly: a write was attempted on a read-only store.
 	ErrReadOnly = errors.New("metadata is read-only")
+	// ErrNoMetadataSpace: no free metadata block; it wraps ErrNoSpace.
+	ErrNoMetadataSpace = fmt.Errorf("metadata device: %w", ErrNoSpace)
 )
 
 // Corruptf returns an error wrapping ErrCorrupt with the formatted reason.

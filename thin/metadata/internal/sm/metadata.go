@@ -229,6 +229,10 @@ func (m *Metadata) NewBlock() (uint64, error) {
 			begin, end = 0, min(m.cursor, m.nrBlocks)
 		}
 		for b := begin; b < end; b++ {
+			if b%64 == 0 && b+64 <= end && m.used[b/64] == ^uint64(0) {
+				b += 63 // all 64 were in use at the last commit
+				continue
+			}
 			if m.allocatable(b) {
 				m.set(b, 1)
 				m.cursor = b + 1
@@ -236,7 +240,7 @@ func (m *Metadata) NewBlock() (uint64, error) {
 			}
 		}
 	}
-	return 0, fmt.Errorf("metadata space map: %w (%d blocks)", errs.ErrNoSpace, m.nrBlocks)
+	return 0, fmt.Errorf("metadata space map of %d blocks: %w", m.nrBlocks, errs.ErrNoMetadataSpace)
 }
 
 // NrBlocks and NrFree are the size and the blocks with no reference.
