@@ -21,8 +21,9 @@
 //
 // # Pool objects
 //
-// As in the kernel, one pool object per metadata device lives as long as a
-// pool table or a thin target refers to it: a reload of the pool reuses it
+// As in the kernel, one pool object per metadata device (kept in the
+// Manager's shared set) lives as long as a pool table or a thin target
+// refers to it: a reload of the pool reuses it
 // (keeping its block size), and thin targets find it through the pool's
 // mapped device. The pool's data size is its table's length in whole
 // blocks, applied at resume (a smaller one fails the resume); the metadata

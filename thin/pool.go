@@ -163,11 +163,24 @@ func newPoolTable() *poolTable {
 	return &poolTable{byMeta: map[any]*pool{}, byOwner: map[*stack.Device]*pool{}, byData: map[any]*pool{}}
 }
 
-// processPools is the pool table of the process.
+// processPools is the pool table of tables built outside a Manager.
 var processPools = newPoolTable()
 
-// poolTableFor returns the pool table a constructor works in.
-func poolTableFor(*stack.Ctor) *poolTable { return processPools }
+// poolTableKey keys a Manager's pool table in its shared set.
+type poolTableKey struct{}
+
+// poolTableFor returns the pool table a constructor works in: its
+// Manager's (Ctor.Shared), or the process's for a table built without one.
+func poolTableFor(c *stack.Ctor) *poolTable {
+	if c.Shared == nil {
+		return processPools
+	}
+	v, err := c.Shared.Get(poolTableKey{}, func() (any, error) { return newPoolTable(), nil })
+	if err != nil {
+		return processPools
+	}
+	return v.(*poolTable)
+}
 
 // devKey returns what identifies the storage behind dev: the same mapped
 // device, block device or file opened twice gives the same key (the
