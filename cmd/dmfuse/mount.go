@@ -15,6 +15,7 @@ import (
 	"github.com/dmfuse/dmfuse/fs/export"
 	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/thin"
 )
 
 //go:embed default.conf
@@ -37,6 +38,8 @@ type MountCmd struct {
 	Poll          string `help:"How each io_uring queue waits for its next request: auto polls up to 50us when a queue runs dry while the daemon's requests come in quick succession, on any queue, and the CPU is not contended (sparse I/O and an idle daemon burn no CPU); 0 never polls; a duration (50us) polls up to that long every time the CPU is not contended." default:"auto" placeholder:"auto|0|DURATION"`
 	Interruptible bool   `help:"Let a signal end I/O a device holds (suspended, delayed, queued without a path) with EINTR; by default held I/O waits through signals, as on a dm device."`
 	URingDepth    int    `name:"uring-depth" help:"io_uring entries per queue (per CPU); each holds a buffer of the largest request size (0: as many as half of --memory-limit holds, at most 64)." default:"0"`
+
+	ThinNoSpaceTimeout time.Duration `name:"thin-no-space-timeout" help:"How long I/O that needs a new block of a thin pool out of data space waits before it fails with ENOSPC (dm_thin_pool's no_space_timeout); 0 waits for ever." default:"60s"`
 
 	Mountpoint string `arg:"" help:"Folder to mount on (created if missing)." type:"path"`
 }
@@ -77,6 +80,7 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
+	thin.SetNoSpaceTimeout(c.ThinNoSpaceTimeout)
 	limit, metricsLn, pprofLn, ferr := c.memoryAndDebug()
 	if ferr != nil {
 		return ferr

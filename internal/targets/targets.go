@@ -11,6 +11,7 @@ import (
 	"github.com/dmfuse/dmfuse/multipath"
 	"github.com/dmfuse/dmfuse/powercut"
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/thin"
 )
 
 // All returns every target type, in the order `dmsetup targets` lists them
@@ -28,5 +29,7 @@ func All() []*stack.TargetType {
 		multipath.Type,
 		logwrites.Type,
 		powercut.Type,
+		thin.PoolType,
+		thin.Type,
 	}
 }

@@ -112,7 +112,26 @@ var Cases = map[string]Case{
 		NotApplicable: map[string]string{
 			"SegmentOffsets": "multipath is a singleton type: alone in its table, so its segment always starts at sector 0",
 		}},
+	// A pool with its metadata on the second device: the pool device maps
+	// its own I/O onto the data device 1:1.
+	"thin-pool": {Params: func(dev string) string { return dev + AuxSuffix + " " + dev + " 128 0" }, Aux: 4 << 20,
+		NotApplicable: map[string]string{
+			"SegmentOffsets": "thin-pool is a singleton type: alone in its table, so its segment always starts at sector 0",
+		}},
+	// What a thin line over a pool device dev with device 1 would be.
+	"thin": {Params: func(dev string) string { return dev + " 1" }, NotApplicable: map[string]string{
+		"ShortReadAtEnd":       thinNeedsPool,
+		"SegmentOffsets":       thinNeedsPool,
+		"ConcurrentIO":         thinNeedsPool,
+		"FlushReachesDevices":  thinNeedsPool,
+		"TableRoundTrip":       thinNeedsPool,
+		"EscapedPathRoundTrip": thinNeedsPool,
+		"StatusInfoFormat":     thinNeedsPool,
+	}},
 }
+
+// thinNeedsPool is why no check of the suite applies to thin.
+const thinNeedsPool = "a thin device needs a thin-pool device of the same manager and a create_thin message, which a one-type table over plain devices cannot give; package thin's tests and test/thin_test.go cover it"
 
 // Check is one conformance check of typ, set up as c says.
 //
