@@ -6,7 +6,9 @@
 // machinery of their own live in packages of their own, written against this
 // package's public target API: delay (and its scheduler), multipath (with the
 // path selectors of package selectors), log-writes (package logwrites, with
-// its log format and replay-log) and powercut. Package internal/targets lists
+// its log format and replay-log), powercut, and thin-pool and thin (package
+// thin, with the kernel's metadata format in thin/metadata). Package
+// internal/targets lists
 // every target type; the counters are package stats'.
 //
 // # Request flow
