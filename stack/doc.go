@@ -8,8 +8,8 @@
 // path selectors of package selectors), log-writes (package logwrites, with
 // its log format and replay-log), powercut, and thin-pool and thin (package
 // thin, with the kernel's metadata format in thin/metadata). Package
-// internal/targets lists
-// every target type; the counters are package stats'.
+// internal/targets lists every target type; the counters are package
+// stats'.
 //
 // # Request flow
 //
