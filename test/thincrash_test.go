@@ -247,3 +247,149 @@ func thinPowerCutRound(t *testing.T, seed uint64) {
 		t.Errorf("%s still mounted", mnt)
 	}
 }
+
+// TestThinLogWritesMetadata: a pool whose metadata device is a log-writes
+// device; a workload of provisioning writes, fsyncs, a snapshot and
+// discards; then the metadata replayed to every FLUSH point of the log
+// after the pool's creation passes thin_check.
+func TestThinLogWritesMetadata(t *testing.T) {
+	requireTool(t, "thin_check", "thin_dump", "fstrim")
+	e := newDmsetupEnv(t)
+	dir := lwMemDir(t)
+	const metaSectors = 16384 // 8 MiB
+	metaImg, logImg := filepath.Join(dir, "meta.img"), filepath.Join(dir, "log.img")
+	sparseFile(t, metaImg, metaSectors*sector)
+	sparseFile(t, logImg, 256<<20)
+	data := e.loop("data", 64<<20)
+	lw, pool, vol := e.name("lw"), e.name("pool"), e.name("vol")
+	e.must("create", lw, "--table", fmt.Sprintf("0 %d log-writes %s %s", metaSectors, metaImg, logImg))
+	e.createPool(pool, fmt.Sprintf("0 131072 thin-pool /dev/mapper/%s %s 128 256 0", lw, data))
+	e.must("message", lw, "0", "mark pool")
+	e.must("message", pool, "0", "create_thin 1")
+	e.must("create", vol, "--table", "0 131072 thin /dev/mapper/"+pool+" 1")
+	run(t, "mkfs.ext4", "-q", "/dev/mapper/"+vol)
+	mnt := e.mountDev("/dev/mapper/"+vol, "vol-mnt")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 12 {
+		tcFile(t, rng, filepath.Join(mnt, fmt.Sprintf("a%d", i)), true)
+	}
+	e.must("suspend", vol)
+	e.must("message", pool, "0", "create_snap 2 1")
+	e.must("resume", vol)
+	for i := range 12 {
+		tcFile(t, rng, filepath.Join(mnt, fmt.Sprintf("a%d", i)), true) // breaks sharing
+		if i%2 == 0 {
+			if err := os.Remove(filepath.Join(mnt, fmt.Sprintf("a%d", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	run(t, "sync")
+	run(t, "fstrim", mnt)
+	e.must("message", pool, "0", "delete 2")
+	run(t, "umount", mnt)
+	e.must("remove", vol, pool, lw)
+	thinCheck(t, metaImg)
+
+	script := "#!/bin/sh\nexec thin_check \"${1:-$DMFUSE_REPLAY_TARGET}\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "check.sh"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sparseFile(t, filepath.Join(dir, "r.img"), metaSectors*sector)
+	out := mustReplayLog(t, dir, "dmfuse", "--log", "log.img", "--replay", "r.img", "--each", "flush", "--each-from", "pool", "--fsck", "./check.sh")
+	var points int
+	if _, err := fmt.Sscanf(out[strings.LastIndex(out, "\nall ")+1:], "all %d", &points); err != nil || points < 10 {
+		t.Fatalf("--each: %d flush points checked (want at least 10):\n%s", points, out)
+	}
+	t.Logf("%s", out[strings.LastIndex(out[:len(out)-1], "\n")+1:])
+	replayed, err := os.ReadFile(filepath.Join(dir, "r.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	final, err := os.ReadFile(metaImg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(replayed, final) {
+		t.Errorf("the whole log replayed differs from the metadata device from byte %d", firstDiff(replayed, final))
+	}
+}
+
+// TestThinKilledDaemon: a daemon killed with SIGKILL loses no committed
+// transaction: thin devices created, the transaction id set and data
+// written and flushed before the kill are all there when the next daemon
+// opens the pool again.
+func TestThinKilledDaemon(t *testing.T) {
+	requireTool(t, "thin_check", "thin_dump")
+	e := newDmsetupEnv(t)
+	meta, data := e.loop("meta", 16<<20), e.loop("data", 64<<20)
+	pool, vol := e.name("pool"), e.name("vol")
+	poolTable := fmt.Sprintf("0 131072 thin-pool %s %s 128 256 0", meta, data)
+	e.createPool(pool, poolTable)
+	e.must("message", pool, "0", "create_thin 1")
+	e.must("message", pool, "0", "set_transaction_id 0 1")
+	e.must("create", vol, "--table", "0 65536 thin /dev/mapper/"+pool+" 1")
+	want := make([]byte, 3<<20)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	f, err := os.OpenFile("/dev/mapper/"+vol, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(want, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	e.must("message", pool, "0", "create_thin 2")
+	e.must("message", pool, "0", "set_transaction_id 1 2")
+	if f := strings.Fields(e.must("status", pool)); len(f) < 4 || f[3] != "2" {
+		t.Fatalf("pool status %q: want transaction id 2", f)
+	}
+
+	pid := e.pid()
+	if pid == 0 {
+		t.Fatal("no daemon pid")
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); alive(pid); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed daemon is still there")
+		}
+	}
+	if out, errs, code := e.dmsetup("", "ls"); code != 0 || out != "No devices found\n" || !strings.Contains(errs, "died; cleaned up:") {
+		t.Fatalf("first command after the kill: exit %d, %q, %q", code, out, errs)
+	}
+	dump := thinCheck(t, meta)
+	if !strings.Contains(dump, `transaction="2"`) || !strings.Contains(dump, `<device dev_id="2"`) {
+		t.Errorf("thin_dump after the kill:\n%s", dump)
+	}
+
+	e.createPool(pool, poolTable)
+	if f := strings.Fields(e.must("status", pool)); len(f) < 4 || f[3] != "2" {
+		t.Errorf("pool status after the kill %q: want transaction id 2", f)
+	}
+	e.failsWith("File exists", "message", pool, "0", "create_thin 2")
+	e.must("create", vol, "--table", "0 65536 thin /dev/mapper/"+pool+" 1")
+	got := make([]byte, len(want))
+	f, err = os.Open("/dev/mapper/" + vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.ReadAt(got, 1<<20)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("flushed data differs after the kill from byte %d", firstDiff(got, want))
+	}
+	e.must("remove", vol, pool)
+	thinCheck(t, meta)
+}
