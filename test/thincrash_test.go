@@ -149,7 +149,8 @@ func thinPowerCutRound(t *testing.T, seed uint64) {
 		step()
 	}
 	// The cut comes while a writer creates files, one of four fsynced
-	// and the others written out without a flush, so that it falls among
+	// and the others written out in place without a flush, so that it
+	// falls among
 	// data writes, metadata writes and commits: the files whose fsync
 	// returned before it must survive.
 	cutSeeds := [2]uint64{rng.Uint64(), rng.Uint64()}
@@ -167,12 +168,17 @@ func thinPowerCutRound(t *testing.T, seed uint64) {
 				return
 			default:
 			}
-			name := fmt.Sprintf("w%d", i)
+			// Fsynced files are new; the others overwrite one of four
+			// files in place, on blocks the pool has provisioned.
+			name, flags := fmt.Sprintf("w%d", i), os.O_CREATE|os.O_WRONLY|os.O_TRUNC
+			if i%4 != 0 {
+				name, flags = fmt.Sprintf("u%d", i%4), os.O_CREATE|os.O_WRONLY
+			}
 			b := make([]byte, 4096+wrng.IntN(32<<10))
 			for j := range b {
 				b[j] = byte('A' + wrng.IntN(26))
 			}
-			f, err := os.Create(filepath.Join(mnt, name))
+			f, err := os.OpenFile(filepath.Join(mnt, name), flags, 0o644)
 			if err == nil {
 				_, err = f.Write(b)
 				if err == nil && i%4 != 0 {
