@@ -252,6 +252,33 @@ func thinPowerCutRound(t *testing.T, seed uint64) {
 	if export.Mounted(mnt) {
 		t.Errorf("%s still mounted", mnt)
 	}
+	e.stopDaemon()
+}
+
+// stopDaemon stops the daemon with `dmfuse stop` and waits until it has
+// exited.
+func (e *dmsetupEnv) stopDaemon() {
+	t := e.t
+	t.Helper()
+	pid := e.pid()
+	if pid == 0 {
+		return
+	}
+	stop := exec.Command(dmfuseBin, "stop")
+	stop.Env = e.env
+	if out, err := stop.CombinedOutput(); err != nil {
+		t.Fatalf("dmfuse stop: %v\n%s", err, out)
+	}
+	start := time.Now()
+	for alive(pid) {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("daemon %d still runs 10 s after dmfuse stop", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Logf("daemon %d exited %v after dmfuse stop returned", pid, d)
+	}
 }
 
 // TestThinLogWritesMetadata: a pool whose metadata device is a log-writes
