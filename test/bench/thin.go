@@ -136,7 +136,8 @@ func (b *ubench) thin(ctx context.Context) error {
 	t := &thinCtx{c: b.configs[0], sock: filepath.Join(b.scratch, b.configs[0].name+".sock"), dir: filepath.Join(b.scratch, "thin")}
 	size := b.size
 	dataZ := size + 4*size // tp, and a margin for the first writes and broken shares of a round
-	if err := benchkit.MountTmpfs(&b.undo, t.dir, dataZ+2*size+512<<20); err != nil {
+	// The pools' data, or the RSS pool's 4 KiB a block, and metadata.
+	if err := benchkit.MountTmpfs(&b.undo, t.dir, max(dataZ+2*size, b.thinBlocks*4096)+1<<30); err != nil {
 		return err
 	}
 	var undo benchkit.Undo
