@@ -37,7 +37,7 @@
 //
 // # The io_uring suites
 //
-//	go run ./test/bench -suite uring|transports,poll,multipath,delay,idle,floor [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D]
+//	go run ./test/bench -suite uring|transports,poll,multipath,delay,idle,floor,thin [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D] [-thin-blocks N]
 //
 // compare dmfuse's transports instead. Each config of -configs
 // (NAME[@REV]=FLAGS, separated by ';'; by default dev, uring and uring-poll:
@@ -71,6 +71,11 @@
 //     that no FUSE daemon can leave out (system calls, switches between
 //     processes, the backing read; see floor.go), the QD1 ceiling they
 //     allow, and QD1 on the loop device and each daemon's zero device.
+//   - thin (not part of uring; on the first config only): a provisioned
+//     thin volume against a linear device over the same data file, first
+//     writes with and without block zeroing and writes that break sharing
+//     after a snapshot, randwrite with --fsync=1, and the daemon's RSS with
+//     a pool of -thin-blocks mapped blocks; see thin.go.
 //
 // Everything it set up (fio, loop device, mounts, daemons, tmpfs, scratch
 // folder) is torn down on exit, on error and on SIGINT or SIGTERM.
@@ -132,7 +137,7 @@ type sample struct {
 func main() {
 	floorPeer()
 	var (
-		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,poll,multipath,delay,idle,floor")
+		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,poll,multipath,delay,idle,floor,thin")
 		devices = flag.String("devices", strings.Join(allDevices, ","), "devices to measure against the baseline")
 		jobs    = flag.String("jobs", jobNames(), "fio jobs to run (devices and transports suites)")
 		pairs   = flag.Int("pairs", 5, "interleaved (baseline, device) pairs per job and device")
@@ -151,6 +156,7 @@ func main() {
 		delayRt = flag.Duration("delay-runtime", 3*time.Second, "io_uring suites: fio runtime of each delay row, after a ramp of a quarter of it")
 		idle    = flag.Duration("idle", 10*time.Second, "io_uring suites: how long to measure each idle daemon's CPU")
 		mpDelay = flag.Float64("mp-delay", 2, "io_uring suites: delay of multipath's slow paths, ms")
+		thinBlk = flag.Int64("thin-blocks", 1<<20, "thin suite: 64 KiB blocks of the pool whose daemon RSS is measured, each written once")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: go run ./test/bench [flags]\n\nNeeds root, /dev/fuse, fio and losetup (util-linux).\n\n")
@@ -172,7 +178,7 @@ func main() {
 	defer stop()
 	if *suite != "devices" {
 		ub := &ubench{rounds: *rounds, runtime: *rt, delayRuntime: *delayRt, idle: *idle, size: *size << 20,
-			mpDelay: strconv.FormatFloat(*mpDelay, 'f', -1, 64), jobs: js}
+			mpDelay: strconv.FormatFloat(*mpDelay, 'f', -1, 64), jobs: js, thinBlocks: *thinBlk}
 		if ub.suites, err = parseSuites(*suite); err == nil {
 			ub.configs, err = parseConfigs(*configs)
 		}

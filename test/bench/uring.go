@@ -84,6 +84,7 @@ type ubench struct {
 	idle         time.Duration
 	size         int64
 	mpDelay      string // ms
+	thinBlocks   int64  // data blocks of the thin suite's RSS pool
 	configs      []*config
 	jobs         []job // of the transports suite
 
@@ -105,8 +106,8 @@ func parseSuites(s string) ([]string, error) {
 		add := []string{n}
 		if n == "uring" {
 			add = uringSuites
-		} else if !slices.Contains(uringSuites, n) {
-			return nil, fmt.Errorf("unknown suite %q (have devices, uring or a list of %s)", n, strings.Join(uringSuites, ","))
+		} else if !slices.Contains(uringSuites, n) && n != "thin" {
+			return nil, fmt.Errorf("unknown suite %q (have devices, uring or a list of %s,thin)", n, strings.Join(uringSuites, ","))
 		}
 		for _, a := range add {
 			if !slices.Contains(out, a) {
@@ -163,6 +164,8 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 			err = b.idleCPU(ctx)
 		case "floor":
 			err = b.floor(ctx)
+		case "thin":
+			err = b.thin(ctx)
 		}
 		if err != nil {
 			return "", err
