@@ -322,6 +322,7 @@ func TestThinLogWritesMetadata(t *testing.T) {
 	e.must("message", pool, "0", "delete 2")
 	run(t, "umount", mnt)
 	e.must("remove", vol, pool, lw)
+	e.stopDaemon()
 	thinCheck(t, metaImg)
 
 	script := "#!/bin/sh\nexec thin_check \"${1:-$DMFUSE_REPLAY_TARGET}\"\n"
@@ -425,5 +426,6 @@ func TestThinKilledDaemon(t *testing.T) {
 		t.Errorf("flushed data differs after the kill from byte %d", firstDiff(got, want))
 	}
 	e.must("remove", vol, pool)
+	e.stopDaemon()
 	thinCheck(t, meta)
 }
