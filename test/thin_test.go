@@ -165,7 +165,11 @@ func TestThinXfstestsSequence(t *testing.T) {
 	e.must("load", pool, "--table", poolTable(dataSectors, "1 error_if_no_space"))
 	e.must("resume", pool)
 	out, code := e.sh("dd if=/dev/urandom of=" + filepath.Join(mnt, "b") + " bs=1M count=32 oflag=direct status=none")
-	if code == 0 || !strings.Contains(out, "No space left on device") {
+	// The pool fails the writes that need a block with ENOSPC; ext4 passes
+	// that on to a direct write of file data, but when one of its own
+	// metadata or journal writes is the one refused, the write fails with
+	// EIO instead, as over the kernel's dm-thin.
+	if code == 0 || !strings.Contains(out, "No space left on device") && !strings.Contains(out, "Input/output error") {
 		t.Errorf("filling past the pool: exit %d, %q", code, out)
 	}
 	if got := e.must("status", pool); !strings.Contains(got, " out_of_data_space discard_passdown error_if_no_space ") {
