@@ -211,6 +211,11 @@ func (e *dmsetupEnv) cleanup() {
 				e.dmsetup("", "ls")
 			}
 		}
+		// dmfuse stop returns once the daemon has let go of its devices
+		// and answered; the process exits a moment later.
+		for deadline := time.Now().Add(5 * time.Second); alive(daemon) && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	if t.Failed() {
 		if b, err := os.ReadFile(filepath.Join(e.run, "daemon.log")); err == nil {
