@@ -68,10 +68,9 @@ func (p *Pool) newDevice(id uint32, d deviceDetails) {
 	st.d, st.gone, st.changed = d, false, true
 }
 
-// CreateThin adds an empty thin device.
-func (p *Pool) CreateThin(id uint32) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// checkNew checks that a device id may be created (what names the
+// operation in the error): a valid id, a writable pool, no such device yet.
+func (p *Pool) checkNew(id uint32, what string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
@@ -81,7 +80,17 @@ func (p *Pool) CreateThin(id uint32) error {
 	if _, ok, err := p.device(id); err != nil {
 		return err
 	} else if ok {
-		return fmt.Errorf("create thin %d: %w", id, ErrExists)
+		return fmt.Errorf("%s %d: %w", what, id, ErrExists)
+	}
+	return nil
+}
+
+// CreateThin adds an empty thin device.
+func (p *Pool) CreateThin(id uint32) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.checkNew(id, "create thin"); err != nil {
+		return err
 	}
 	p.changed = true
 	sub, err := btree.Empty(&p.bottom)
@@ -100,16 +109,8 @@ func (p *Pool) CreateThin(id uint32) error {
 func (p *Pool) CreateSnap(id, origin uint32) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err := checkID(id); err != nil {
+	if err := p.checkNew(id, "create snapshot"); err != nil {
 		return err
-	}
-	if err := p.writable(); err != nil {
-		return err
-	}
-	if _, ok, err := p.device(id); err != nil {
-		return err
-	} else if ok {
-		return fmt.Errorf("create snapshot %d: %w", id, ErrExists)
 	}
 	sub, err := p.subtreeRoot(origin)
 	if err != nil {
