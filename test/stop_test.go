@@ -142,3 +142,39 @@ func TestStopForce(t *testing.T) {
 		t.Errorf("stop --force without a daemon: exit %d, %q", code, out)
 	}
 }
+
+// TestStopMountDaemon: `dmfuse stop --mount MNT` stops the daemon of that
+// mount (not the system instance): refused, with the daemon still serving,
+// while a device file is open; once it is closed, the daemon unmounts and
+// exits before stop returns.
+func TestStopMountDaemon(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, dir, "z,,,rw,0 2048 zero\n")
+	f, err := os.Open(d.path("z"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := func() (string, error) {
+		out, err := exec.Command(dmfuseBin, "stop", "--mount", d.mnt).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := stop(); err == nil || !strings.Contains(out, "still serving") {
+		t.Errorf("stop while z is open: %v, %q", err, out)
+	}
+	if _, err := os.ReadFile(d.path("stats", "diskstats")); err != nil {
+		t.Fatalf("the mount after a refused stop: %v", err)
+	}
+	f.Close()
+	if out, err := stop(); err != nil {
+		t.Fatalf("stop: %v, %s", err, out)
+	}
+	if export.Mounted(d.mnt) {
+		t.Error("still mounted after stop returned")
+	}
+	select {
+	case err := <-d.done:
+		d.done <- err
+	case <-time.After(10 * time.Second):
+		t.Error("the daemon still runs 10s after stop returned")
+	}
+}

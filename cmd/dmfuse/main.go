@@ -42,7 +42,7 @@ type CLI struct {
 	Dmsetup   DmsetupCmd   `cmd:"" help:"Run dmsetup's command line against the system instance (also when dmfuse is invoked as dmsetup)."`
 	Install   InstallCmd   `cmd:"" help:"Link DIR/dmsetup to dmfuse, so that scripts running dmsetup drive dmfuse."`
 	Daemon    DaemonCmd    `cmd:"" help:"Serve the system instance (dmsetup starts it when a command needs it)."`
-	Stop      StopCmd      `cmd:"" help:"Stop the system instance once none of its devices is in use (--force: whatever uses them)."`
+	Stop      StopCmd      `cmd:"" help:"Stop the system instance, or the daemon of --mount or --control, once none of its devices is in use (--force: whatever uses them)."`
 }
 
 func main() {

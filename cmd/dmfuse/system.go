@@ -306,7 +306,8 @@ func readyPipe() *os.File {
 	return os.NewFile(uintptr(fd), "ready")
 }
 
-// StopCmd is `dmfuse stop`: stop the system instance.
+// StopCmd is `dmfuse stop`: stop the system instance, or with --mount or
+// --control the daemon of that mount or socket.
 type StopCmd struct {
 	Force bool `help:"Stop even while devices are in use: file systems mounted on them are unmounted lazily, their loop devices detached and their nodes removed; also clears what a daemon that died left."`
 }
@@ -322,7 +323,10 @@ const stopWait = 10 * time.Second
 // SIGTERM (SIGKILL with --force). With --force, what is left after the
 // daemon exits, or after one that died, is cleared as the next command
 // would clear it.
-func (c *StopCmd) Run() error {
+func (c *StopCmd) Run(g *Globals) error {
+	if g.Mount != "" || g.Control != "" {
+		return c.stopDaemon(g)
+	}
 	s := systemInstance()
 	if s.running() {
 		if err := c.stop(s); err != nil {
@@ -379,4 +383,43 @@ func (c *StopCmd) stop(s system) error {
 		}
 	}
 	return nil
+}
+
+// stopDaemon stops the daemon that --mount or --control names, as the
+// request stop does (the devices go with the mount; without --force it is
+// refused while one is in use), and waits until its mount is gone (with
+// only --control, until its socket stops answering).
+func (c *StopCmd) stopDaemon(g *Globals) error {
+	path, err := g.controlPath()
+	if err != nil {
+		return err
+	}
+	resp, err := control.Call(path, &control.Request{Op: control.OpStop, Force: c.Force})
+	if err != nil {
+		return err
+	}
+	if resp.Error != "" {
+		return errors.New(resp.Error)
+	}
+	mnt := ""
+	if g.Mount != "" {
+		if mnt, err = filepath.Abs(g.Mount); err != nil {
+			return err
+		}
+	}
+	for deadline := time.Now().Add(stopWait); ; time.Sleep(10 * time.Millisecond) {
+		gone := mnt == "" || !export.Mounted(mnt)
+		if gone {
+			if conn, err := net.Dial("unix", path); err == nil {
+				conn.Close()
+				gone = false
+			}
+		}
+		if gone {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the daemon of %s still serves %v after it said it stops", path, stopWait)
+		}
+	}
 }
