@@ -35,9 +35,12 @@ type Device interface {
 	Size() int64
 }
 
-// writeLocked is the lock word of a write-locked block; a read-locked
-// block's word counts its readers.
-const writeLocked = -1
+// writeLocked is added to the lock word of a write-locked block; a
+// read-locked block's word counts its readers. A reader adds itself with
+// one atomic add (a load and a compare-and-swap would move the word's
+// cache line between CPUs twice) and takes itself back off when the word
+// was negative: write-locked.
+const writeLocked = -1 << 30
 
 // Block is one cached block, locked for reading or writing.
 type Block struct {
@@ -46,7 +49,8 @@ type Block struct {
 	v    *Validator
 
 	// lock is the block's reader/writer lock: the number of readers, or
-	// writeLocked. A block whose word is not 0 is not evicted.
+	// writeLocked (plus readers about to back off). A block whose word is
+	// not 0 is not evicted.
 	lock atomic.Int32
 	// used is set by every unlock and cleared by the clock hand.
 	used atomic.Bool
@@ -69,15 +73,11 @@ func (b *Block) Data() []byte { return b.data }
 
 // tryRead adds a reader unless the block is write-locked.
 func (b *Block) tryRead() bool {
-	for {
-		n := b.lock.Load()
-		if n == writeLocked {
-			return false
-		}
-		if b.lock.CompareAndSwap(n, n+1) {
-			return true
-		}
+	if b.lock.Add(1) > 0 {
+		return true
 	}
+	b.lock.Add(-1)
+	return false
 }
 
 // Stats counts the manager's work.
@@ -312,7 +312,7 @@ func (m *Manager) cached(b *Block, v *Validator, write, zero bool) (*Block, erro
 // release drops a lock without marking the block dirty.
 func (m *Manager) release(b *Block, write bool) {
 	if write {
-		b.lock.Store(0)
+		b.lock.Add(-writeLocked)
 	} else {
 		b.lock.Add(-1)
 	}
@@ -364,13 +364,13 @@ func (m *Manager) Unlock(b *Block) {
 	if !b.used.Load() {
 		b.used.Store(true)
 	}
-	if b.lock.Load() != writeLocked {
+	if b.lock.Load() >= 0 {
 		b.lock.Add(-1)
 		return
 	}
 	m.mu.Lock()
 	b.dirty = true
-	b.lock.Store(0)
+	b.lock.Add(-writeLocked)
 	// A failed write-back leaves the block dirty; Flush reports it.
 	_ = m.evict()
 	m.mu.Unlock()
@@ -382,7 +382,7 @@ func (m *Manager) Flush() error {
 	m.mu.Lock()
 	var dirty []*Block
 	for _, b := range m.ring {
-		if b.lock.Load() == writeLocked {
+		if b.lock.Load() < 0 {
 			m.mu.Unlock()
 			return fmt.Errorf("flush: block %d is still write-locked", b.loc)
 		}
