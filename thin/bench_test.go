@@ -18,7 +18,7 @@ import (
 // benchDevs makes, over memory devices and the on-disk metadata format, a
 // linear device and a thin device of the same size (64 MiB, 64 KiB
 // blocks), the thin device fully provisioned unless empty is set.
-func benchDevs(b *testing.B, empty bool, features string) (lin, th *stack.Device) {
+func benchDevs(b testing.TB, empty bool, features string) (lin, th *stack.Device) {
 	const size = 64 << 20
 	reg, err := stack.NewRegistry(PoolType, Type, stack.Linear)
 	if err != nil {
@@ -248,4 +248,37 @@ func provisionRig(b *testing.B, size int64, features string, provisioned bool) (
 		}
 	}
 	return m, th
+}
+
+// TestIONoAllocs: a read and a write of a provisioned, unshared block
+// allocate nothing.
+func TestIONoAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("makes 64 MiB devices")
+	}
+	_, th := benchDevs(t, false, "")
+	ctx := context.Background()
+	buf := make([]byte, 4096)
+	off := int64(0)
+	for _, tc := range []struct {
+		name string
+		fn   func() error
+	}{
+		{"read", func() error { _, err := th.ReadAt(ctx, buf, off); return err }},
+		{"write", func() error { _, err := th.WriteAt(ctx, buf, off); return err }},
+	} {
+		var err error
+		n := testing.AllocsPerRun(200, func() {
+			off = (off + 69632) % (64 << 20)
+			if e := tc.fn(); e != nil {
+				err = e
+			}
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if n != 0 {
+			t.Errorf("%s of a provisioned block: %.1f allocations, want 0", tc.name, n)
+		}
+	}
 }
