@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -15,7 +18,7 @@ import (
 // benchDevs makes, over memory devices and the on-disk metadata format, a
 // linear device and a thin device of the same size (64 MiB, 64 KiB
 // blocks), the thin device fully provisioned unless empty is set.
-func benchDevs(b *testing.B, empty bool, features string) (lin, th *stack.Device) {
+func benchDevs(b testing.TB, empty bool, features string) (lin, th *stack.Device) {
 	const size = 64 << 20
 	reg, err := stack.NewRegistry(PoolType, Type, stack.Linear)
 	if err != nil {
@@ -115,6 +118,167 @@ func BenchmarkIO(b *testing.B) {
 					}
 				})
 			})
+		}
+	}
+}
+
+// BenchmarkProvision: first writes, 4 KiB at the start of a 64 KiB block,
+// from 32 goroutines, each provisioning its block: on new volumes of a
+// pool that zeroes the rest of new blocks and of one with
+// skip_block_zeroing, and on a provisioned volume after a snapshot of it
+// (each write copying its shared block first). Each round writes every
+// block of a fresh 64 MiB volume or snapshot once; setting it up and
+// deleting it afterwards is not timed.
+func BenchmarkProvision(b *testing.B) {
+	const (
+		size   = 64 << 20
+		blocks = size / 65536
+	)
+	for _, tc := range []struct {
+		name, features string
+		snap           bool
+	}{
+		{"zeroing", "", false}, {"skip_block_zeroing", "1 skip_block_zeroing", false}, {"breaking_sharing", "", true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			m, th := provisionRig(b, size, tc.features, tc.snap)
+			ctx := context.Background()
+			msg := func(args ...string) {
+				if _, err := m.Message(ctx, "pool", 0, args); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(4096)
+			b.ResetTimer()
+			b.StopTimer()
+			for round, done := 2, 0; done < b.N; round++ {
+				n := min(b.N-done, blocks)
+				id := strconv.Itoa(round)
+				d := th
+				if tc.snap {
+					if err := m.Suspend("thin", stack.Flags{}); err != nil {
+						b.Fatal(err)
+					}
+					msg("create_snap", id, "1")
+					if err := m.Resume("thin", stack.Flags{}); err != nil {
+						b.Fatal(err)
+					}
+				} else {
+					msg("create_thin", id)
+					var err error
+					d, err = m.Create(stack.CreateOptions{Name: "new", Minor: -1, Table: fmt.Sprintf("0 %d thin pool %s", size/512, id)})
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				b.StartTimer()
+				for range 32 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						buf := make([]byte, 4096)
+						for {
+							i := next.Add(1) - 1
+							if i >= int64(n) {
+								return
+							}
+							if _, err := d.WriteAt(ctx, buf, i*65536); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				b.StopTimer()
+				if !tc.snap {
+					if err := m.Remove("new", stack.Flags{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				msg("delete", id)
+				done += n
+			}
+		})
+	}
+}
+
+// provisionRig makes, over memory devices and the on-disk metadata
+// format, a pool with 64 KiB blocks and room for a volume of size three
+// times over, and thin device 1 of size (as "thin"), written once when
+// provisioned is set.
+func provisionRig(b *testing.B, size int64, features string, provisioned bool) (*stack.Manager, *stack.Device) {
+	reg, err := stack.NewRegistry(PoolType, Type, stack.Linear)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mems := stacktest.Opener{"meta": stacktest.NewMemDevice("meta", 16<<20), "data": stacktest.NewMemDevice("data", 3*size)}
+	data := mems["data"].(*stacktest.MemDevice).Bytes()
+	for i := 0; i < len(data); i += 4096 {
+		data[i] = 1 // no page faults in the runs
+	}
+	var m *stack.Manager
+	m = stack.NewManager(stack.ManagerOptions{Registry: reg, Context: context.Background(), Clock: &clock.Manual{},
+		Open: func(arg string) (stack.BlockDevice, error) {
+			if d := m.Lookup(arg); d != nil {
+				return d, nil
+			}
+			return mems.Open(arg)
+		}})
+	b.Cleanup(func() { m.RemoveAll(stack.Flags{}) })
+	if _, err := m.Create(stack.CreateOptions{Name: "pool", Minor: -1,
+		Table: strings.TrimSpace(fmt.Sprintf("0 %d thin-pool meta data 128 0 %s", 3*size/512, features))}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := m.Message(context.Background(), "pool", 0, []string{"create_thin", "1"}); err != nil {
+		b.Fatal(err)
+	}
+	th, err := m.Create(stack.CreateOptions{Name: "thin", Minor: -1, Table: fmt.Sprintf("0 %d thin pool 1", size/512)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if provisioned {
+		buf := make([]byte, 1<<20)
+		for off := int64(0); off < size; off += int64(len(buf)) {
+			if _, err := th.WriteAt(context.Background(), buf, off); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return m, th
+}
+
+// TestIONoAllocs: a read and a write of a provisioned, unshared block
+// allocate nothing.
+func TestIONoAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("makes 64 MiB devices")
+	}
+	_, th := benchDevs(t, false, "")
+	ctx := context.Background()
+	buf := make([]byte, 4096)
+	off := int64(0)
+	for _, tc := range []struct {
+		name string
+		fn   func() error
+	}{
+		{"read", func() error { _, err := th.ReadAt(ctx, buf, off); return err }},
+		{"write", func() error { _, err := th.WriteAt(ctx, buf, off); return err }},
+	} {
+		var err error
+		n := testing.AllocsPerRun(200, func() {
+			off = (off + 69632) % (64 << 20)
+			if e := tc.fn(); e != nil {
+				err = e
+			}
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if n != 0 {
+			t.Errorf("%s of a provisioned block: %.1f allocations, want 0", tc.name, n)
 		}
 	}
 }

@@ -132,6 +132,24 @@ func BenchmarkFind(b *testing.B) {
 	}
 }
 
+// BenchmarkFindParallel is BenchmarkFind from GOMAXPROCS goroutines
+// through a cache that holds the whole tree.
+func BenchmarkFindParallel(b *testing.B) {
+	const n = 1 << 20
+	p := openBench(b, n, 8192, false)
+	th, _ := p.OpenThin(1)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		rng := rand.New(rand.NewSource(rand.Int63()))
+		for pb.Next() {
+			if _, _, err := th.Find(uint64(rng.Intn(n))); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
 // BenchmarkInsert maps random new blocks (allocation included) into a
 // device of one million mappings, committing every 1000 inserts.
 func BenchmarkInsert(b *testing.B) {

@@ -88,7 +88,7 @@ func (p *Pool) checkNew(id uint32, what string) error {
 // CreateThin adds an empty thin device.
 func (p *Pool) CreateThin(id uint32) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.checkNew(id, "create thin"); err != nil {
 		return err
 	}
@@ -97,6 +97,7 @@ func (p *Pool) CreateThin(id uint32) error {
 	if err != nil {
 		return err
 	}
+	p.topGen++
 	if p.root, _, err = btree.Insert(&p.top, p.root, uint64(id), le64(sub)); err != nil {
 		return err
 	}
@@ -108,7 +109,7 @@ func (p *Pool) CreateThin(id uint32) error {
 // origin's mapping tree gains a reference and both devices point to it.
 func (p *Pool) CreateSnap(id, origin uint32) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.checkNew(id, "create snapshot"); err != nil {
 		return err
 	}
@@ -130,6 +131,7 @@ func (p *Pool) CreateSnap(id, origin uint32) error {
 	if err := p.tm.Inc(sub); err != nil {
 		return err
 	}
+	p.topGen++
 	if p.root, _, err = btree.Insert(&p.top, p.root, uint64(id), le64(sub)); err != nil {
 		return err
 	}
@@ -144,7 +146,7 @@ func (p *Pool) CreateSnap(id, origin uint32) error {
 // DeleteThin removes a thin device and drops its mapping tree.
 func (p *Pool) DeleteThin(id uint32) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -167,6 +169,7 @@ func (p *Pool) DeleteThin(id uint32) error {
 	case !errors.Is(err, btree.ErrNotFound):
 		return err
 	}
+	p.topGen++
 	r, err := btree.Remove(&p.top, p.root, uint64(id))
 	if err != nil {
 		if errors.Is(err, btree.ErrNotFound) {
@@ -188,7 +191,7 @@ func (p *Pool) TransactionID() uint64 {
 // SetTransactionID sets the transaction id to new if it is old.
 func (p *Pool) SetTransactionID(old, new uint64) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -205,7 +208,7 @@ func (p *Pool) SetTransactionID(old, new uint64) error {
 // Commit publishes it as the superblock's held root.
 func (p *Pool) ReserveMetadataSnap() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -242,7 +245,7 @@ func (p *Pool) ReserveMetadataSnap() error {
 // ReleaseMetadataSnap drops the metadata snapshot and its references.
 func (p *Pool) ReleaseMetadataSnap() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -258,6 +261,7 @@ func (p *Pool) ReleaseMetadataSnap() error {
 	p.tm.Unlock(b)
 	p.changed = true
 	p.heldRoot = 0
+	p.topGen++
 	if err := btree.Del(&p.top, mr); err != nil {
 		return err
 	}
@@ -277,7 +281,7 @@ func (p *Pool) MetadataSnap() uint64 {
 // OpenThin opens thin device id.
 func (p *Pool) OpenThin(id uint32) (Thin, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	st, ok, err := p.device(id)
 	if err != nil {
 		return nil, err
@@ -292,7 +296,7 @@ func (p *Pool) OpenThin(id uint32) (Thin, error) {
 // AllocDataBlock takes a free data block with one reference.
 func (p *Pool) AllocDataBlock() (uint64, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return 0, err
 	}
@@ -315,7 +319,7 @@ func (p *Pool) DecDataRange(begin, end uint64) error {
 
 func (p *Pool) dataRange(begin, end uint64, fn func(*sm.Disk, uint64) error) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -331,44 +335,36 @@ func (p *Pool) dataRange(begin, end uint64, fn func(*sm.Disk, uint64) error) err
 // BlockIsShared says whether data block b has more than one reference.
 func (p *Pool) BlockIsShared(b uint64) (bool, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	c, err := p.dsm.Count(b)
 	return c > 1, err
 }
 
 // FreeDataBlocks is the number of data blocks without a reference.
 func (p *Pool) FreeDataBlocks() (uint64, error) {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.dsm.NrFree(), nil
+	return p.freeData.Load(), nil
 }
 
 // DataBlocks is the size of the data space map.
 func (p *Pool) DataBlocks() (uint64, error) {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.dsm.NrBlocks(), nil
+	return p.nrData.Load(), nil
 }
 
 // FreeMetadataBlocks is the number of metadata blocks without a
 // reference.
 func (p *Pool) FreeMetadataBlocks() (uint64, error) {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.msm.NrFree(), nil
+	return p.freeMeta.Load(), nil
 }
 
 // MetadataBlocks is the size of the metadata space map.
 func (p *Pool) MetadataBlocks() (uint64, error) {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.msm.NrBlocks(), nil
+	return p.nrMeta.Load(), nil
 }
 
 // ResizeData grows the data space map to n blocks.
 func (p *Pool) ResizeData(n uint64) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -387,7 +383,7 @@ func (p *Pool) ResizeData(n uint64) error {
 // device's size and the format's limit).
 func (p *Pool) ResizeMetadata(n uint64) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
+	"sync/atomic"
 
 	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
 	"github.com/dmfuse/dmfuse/thin/metadata/internal/btree"
@@ -16,7 +16,7 @@ import (
 
 // Pool is a Store on the kernel's on-disk format.
 type Pool struct {
-	mu   sync.RWMutex
+	mu   rwLock
 	dev  Device
 	opts Options
 
@@ -29,6 +29,7 @@ type Pool struct {
 
 	sb          superblock // as last committed
 	root        uint64     // mapping tree root
+	topGen      uint64     // raised by every change of the mapping tree's top level
 	detailsRoot uint64
 	time        uint32
 	transID     uint64
@@ -38,6 +39,10 @@ type Pool struct {
 	devs     map[uint32]*devState
 	changed  bool
 	readOnly bool
+
+	// The space maps' counts as the last change left them, published
+	// before the lock is released, so that reading them takes no lock.
+	freeData, nrData, freeMeta, nrMeta atomic.Uint64
 }
 
 var _ Store = (*Pool)(nil)
@@ -50,6 +55,13 @@ type devState struct {
 	changed bool
 	gone    bool
 	d       deviceDetails
+
+	// root is the device's mapping tree root as the top level held it
+	// when Pool.topGen was rootGen: Find looks it up once per change of
+	// the top level, not on every call. Lookups under the shared lock
+	// store root before rootGen, and all of them store the same values
+	// for one rootGen.
+	root, rootGen atomic.Uint64
 }
 
 // Open opens the pool metadata on dev: a device whose first 4 KiB are
@@ -77,6 +89,7 @@ func Open(dev Device, o Options) (*Pool, error) {
 		if err := p.format(nr); err != nil {
 			return nil, err
 		}
+		p.publish()
 		return p, nil
 	}
 	if m := le.Uint64(buf[32:]); m != block.Magic {
@@ -85,7 +98,27 @@ func Open(dev Device, o Options) (*Pool, error) {
 	if err := p.load(); err != nil {
 		return nil, err
 	}
+	p.publish()
 	return p, nil
+}
+
+// publish stores the space maps' counts for the readers that take no
+// lock; called with the lock held exclusively.
+func (p *Pool) publish() {
+	if p.dsm != nil {
+		p.freeData.Store(p.dsm.NrFree())
+		p.nrData.Store(p.dsm.NrBlocks())
+	}
+	if p.msm != nil {
+		p.freeMeta.Store(p.msm.NrFree())
+		p.nrMeta.Store(p.msm.NrBlocks())
+	}
+}
+
+// unlock publishes the counts and releases the exclusive lock.
+func (p *Pool) unlock() {
+	p.publish()
+	p.mu.Unlock()
 }
 
 func (p *Pool) setupInfos() {
@@ -164,6 +197,7 @@ func (p *Pool) format(nr uint64) error {
 		return p.formatErr(err)
 	}
 	p.setupInfos()
+	p.topGen++
 	if p.root, err = btree.Empty(&p.top); err != nil {
 		return p.formatErr(err)
 	}
@@ -232,6 +266,7 @@ func (p *Pool) loadFrom() error {
 	}
 	p.setupInfos()
 	p.sb = sb
+	p.topGen++
 	p.root, p.detailsRoot = sb.mappingRoot, sb.detailsRoot
 	p.time, p.transID, p.flags, p.heldRoot = sb.time, sb.transID, sb.flags, sb.heldRoot
 	if err := p.checkTrees(p.root, p.detailsRoot); err != nil {
@@ -376,7 +411,7 @@ func (p *Pool) writable() error {
 // Commit makes the transaction durable.
 func (p *Pool) Commit() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.commit(); err != nil {
 		return fmt.Errorf("commit pool metadata: %w", err)
 	}
@@ -387,7 +422,7 @@ func (p *Pool) Commit() error {
 // thin devices stay open, with their committed details.
 func (p *Pool) Abort() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	p.bm.Invalidate()
 	if err := p.loadFrom(); err != nil {
 		return fmt.Errorf("abort: reopen pool metadata: %w", err)
@@ -425,7 +460,7 @@ func (p *Pool) NeedsCheck() bool {
 // last committed superblock.
 func (p *Pool) SetNeedsCheck() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if p.opts.ReadOnly {
 		return ErrReadOnly
 	}
@@ -442,14 +477,14 @@ func (p *Pool) SetNeedsCheck() error {
 // SetReadOnly stops all writes.
 func (p *Pool) SetReadOnly() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	p.readOnly = true
 }
 
 // SetReadWrite allows writes again (ErrReadOnly when opened read-only).
 func (p *Pool) SetReadWrite() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if p.opts.ReadOnly {
 		return ErrReadOnly
 	}
@@ -460,7 +495,7 @@ func (p *Pool) SetReadWrite() error {
 // Close releases the store; it commits nothing.
 func (p *Pool) Close() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	p.bm.Invalidate()
 	return nil
 }

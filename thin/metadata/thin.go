@@ -19,15 +19,27 @@ var _ Thin = (*thinDev)(nil)
 // ID is the device's id.
 func (t *thinDev) ID() uint32 { return t.st.id }
 
-// root returns the device's mapping tree root; called with p.mu held.
+// root returns the device's mapping tree root; called with p.mu held,
+// shared or exclusively.
 func (t *thinDev) root() (uint64, error) {
 	if t.closed {
 		return 0, fmt.Errorf("thin device %d is closed", t.st.id)
 	}
-	if t.st.gone {
-		return 0, fmt.Errorf("thin device %d: %w", t.st.id, ErrNoDevice)
+	st := t.st
+	if st.gone {
+		return 0, fmt.Errorf("thin device %d: %w", st.id, ErrNoDevice)
 	}
-	return t.p.subtreeRoot(t.st.id)
+	gen := t.p.topGen
+	if st.rootGen.Load() == gen {
+		return st.root.Load(), nil
+	}
+	r, err := t.p.subtreeRoot(st.id)
+	if err != nil {
+		return 0, err
+	}
+	st.root.Store(r)
+	st.rootGen.Store(gen)
+	return r, nil
 }
 
 // Find returns the data block v maps to and whether it may be shared
@@ -96,6 +108,7 @@ func (t *thinDev) update(fn func(root uint64) (uint64, error)) error {
 		return err
 	}
 	var err error
+	p.topGen++
 	p.root, err = btree.Update(&p.top, p.root, uint64(t.st.id), func(val []byte) error {
 		nr, err := fn(le.Uint64(val))
 		if err != nil {
@@ -114,7 +127,7 @@ func (t *thinDev) update(fn func(root uint64) (uint64, error)) error {
 func (t *thinDev) Insert(v, d uint64) error {
 	p := t.p
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -144,7 +157,7 @@ func (t *thinDev) Insert(v, d uint64) error {
 func (t *thinDev) Remove(v uint64) error {
 	p := t.p
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -176,7 +189,7 @@ func (t *thinDev) remove(v uint64) error {
 func (t *thinDev) RemoveRange(begin, end uint64) error {
 	p := t.p
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -235,7 +248,7 @@ func (t *thinDev) Changed() bool {
 func (t *thinDev) Close() error {
 	p := t.p
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	defer p.unlock()
 	if t.closed {
 		return nil
 	}

@@ -3,6 +3,12 @@
 // cache, checked by a validator on read and sealed by it on write, each
 // with a reader/writer lock. Dirty blocks are written when they leave the
 // cache and at Flush, which ends with a device flush.
+//
+// A read lock of a cached block takes no exclusive lock: the cache's map
+// is read under a shared lock, the block's own lock is one atomic word,
+// and recency is a bit that the eviction's clock hand clears (CLOCK, not
+// a list that every hit would reorder). Misses, evictions and write
+// unlocks take the map's lock exclusively.
 package block
 
 import (
@@ -29,22 +35,34 @@ type Device interface {
 	Size() int64
 }
 
+// writeLocked is added to the lock word of a write-locked block; a
+// read-locked block's word counts its readers. A reader adds itself with
+// one atomic add (a load and a compare-and-swap would move the word's
+// cache line between CPUs twice) and takes itself back off when the word
+// was negative: write-locked.
+const writeLocked = -1 << 30
+
 // Block is one cached block, locked for reading or writing.
 type Block struct {
-	loc   uint64
-	data  []byte
-	v     *Validator
-	rw    sync.RWMutex
-	ready chan struct{}
-	err   error
+	loc  uint64
+	data []byte
+	v    *Validator
 
-	writer atomic.Bool // write-locked; changed by the lock's holder
+	// lock is the block's reader/writer lock: the number of readers, or
+	// writeLocked (plus readers about to back off). A block whose word is
+	// not 0 is not evicted.
+	lock atomic.Int32
+	// used is set by every unlock and cleared by the clock hand.
+	used atomic.Bool
+	// loaded is set once the block's contents are in (ready closed);
+	// err says why they never will be.
+	loaded atomic.Bool
+	ready  chan struct{}
+	err    error
 
-	// Under Manager.mu.
-	pins       int
-	dirty      bool
-	prev, next *Block // LRU list of unpinned blocks
-	inLRU      bool
+	// Under Manager.mu, exclusively.
+	dirty bool
+	slot  int // index in Manager.ring
 }
 
 // Loc is the block's location.
@@ -53,22 +71,34 @@ func (b *Block) Loc() uint64 { return b.loc }
 // Data is the block's 4 KiB; only a write lock allows changing it.
 func (b *Block) Data() []byte { return b.data }
 
+// tryRead adds a reader unless the block is write-locked.
+func (b *Block) tryRead() bool {
+	if b.lock.Add(1) > 0 {
+		return true
+	}
+	b.lock.Add(-1)
+	return false
+}
+
 // Stats counts the manager's work.
 type Stats struct {
-	Hits, Misses, Reads, Writes, Flushes, Evictions uint64
-	Cached                                          int
+	Misses, Reads, Writes, Flushes, Evictions uint64
+	Cached                                    int
 }
 
 // Manager caches the blocks of one device.
 type Manager struct {
 	dev      Device
-	nrBlocks uint64
+	nrBlocks atomic.Uint64
 	max      int
 	readOnly atomic.Bool
 
-	mu     sync.Mutex
+	// mu guards blocks, ring, hand, free and stats: shared to look a
+	// block up, exclusive to add or drop one.
+	mu     sync.RWMutex
 	blocks map[uint64]*Block
-	lru    Block // sentinel: lru.next is the least recently used
+	ring   []*Block // every cached block, in no order; the clock's face
+	hand   int
 	free   [][]byte
 	stats  Stats
 }
@@ -79,21 +109,19 @@ func NewManager(dev Device, cacheBlocks int) *Manager {
 	if cacheBlocks <= 0 {
 		cacheBlocks = DefaultCacheBlocks
 	}
-	m := &Manager{dev: dev, nrBlocks: uint64(dev.Size()) / Size, max: cacheBlocks,
-		blocks: make(map[uint64]*Block)}
-	m.lru.next, m.lru.prev = &m.lru, &m.lru
+	m := &Manager{dev: dev, max: cacheBlocks, blocks: make(map[uint64]*Block)}
+	m.nrBlocks.Store(uint64(dev.Size()) / Size)
 	return m
 }
 
 // NrBlocks is the number of blocks the device holds.
-func (m *Manager) NrBlocks() uint64 { return m.nrBlocks }
+func (m *Manager) NrBlocks() uint64 { return m.nrBlocks.Load() }
 
 // Refresh re-reads the device's size (after the device grew).
 func (m *Manager) Refresh() uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.nrBlocks = uint64(m.dev.Size()) / Size
-	return m.nrBlocks
+	n := uint64(m.dev.Size()) / Size
+	m.nrBlocks.Store(n)
+	return n
 }
 
 // SetReadOnly refuses (or allows again) write locks.
@@ -101,25 +129,34 @@ func (m *Manager) SetReadOnly(ro bool) { m.readOnly.Store(ro) }
 
 // Stats returns the counters.
 func (m *Manager) Stats() Stats {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
 	s := m.stats
 	s.Cached = len(m.blocks)
 	return s
 }
 
-func (m *Manager) lruRemove(b *Block) {
-	if b.inLRU {
-		b.prev.next, b.next.prev = b.next, b.prev
-		b.prev, b.next, b.inLRU = nil, nil, false
-	}
+// add caches b; mu held exclusively.
+func (m *Manager) add(b *Block) {
+	b.slot = len(m.ring)
+	m.ring = append(m.ring, b)
+	m.blocks[b.loc] = b
 }
 
-func (m *Manager) lruPush(b *Block) {
-	b.prev, b.next = m.lru.prev, &m.lru
-	m.lru.prev.next = b
-	m.lru.prev = b
-	b.inLRU = true
+// drop removes b from the cache; mu held exclusively.
+func (m *Manager) drop(b *Block) {
+	if m.blocks[b.loc] != b {
+		return
+	}
+	delete(m.blocks, b.loc)
+	last := len(m.ring) - 1
+	m.ring[b.slot] = m.ring[last]
+	m.ring[b.slot].slot = b.slot
+	m.ring[last] = nil
+	m.ring = m.ring[:last]
+	if m.hand >= len(m.ring) {
+		m.hand = 0
+	}
 }
 
 func (m *Manager) buf() []byte {
@@ -131,18 +168,31 @@ func (m *Manager) buf() []byte {
 	return make([]byte, Size)
 }
 
-// evict drops unpinned blocks, least recently used first, until the cache
-// is within its bound, writing the dirty ones. Called with mu held.
+// evict drops unlocked blocks until the cache is within its bound,
+// writing the dirty ones: the clock hand passes over locked blocks and
+// gives blocks used since it last passed a second chance. Called with mu
+// held exclusively, so no reader can lock a block meanwhile.
 func (m *Manager) evict() error {
-	for len(m.blocks) > m.max && m.lru.next != &m.lru {
-		b := m.lru.next
+	for steps := 2 * len(m.ring); len(m.blocks) > m.max && steps > 0 && len(m.ring) > 0; steps-- {
+		if m.hand >= len(m.ring) {
+			m.hand = 0
+		}
+		b := m.ring[m.hand]
+		if b.lock.Load() != 0 || !b.loaded.Load() {
+			m.hand++
+			continue
+		}
+		if b.used.Load() {
+			b.used.Store(false)
+			m.hand++
+			continue
+		}
 		if b.dirty {
 			if err := m.write(b); err != nil {
 				return err
 			}
 		}
-		m.lruRemove(b)
-		delete(m.blocks, b.loc)
+		m.drop(b) // the hand now points at the block moved into b's slot
 		m.stats.Evictions++
 		if len(m.free) < 64 {
 			m.free = append(m.free, b.data)
@@ -152,8 +202,8 @@ func (m *Manager) evict() error {
 	return nil
 }
 
-// write seals and writes a dirty block. Called with mu held and the block
-// unpinned or write-locked by the caller.
+// write seals and writes a dirty block. Called with mu held exclusively
+// and the block unlocked or write-locked by the caller.
 func (m *Manager) write(b *Block) error {
 	b.v.Prepare(b.data, b.loc)
 	if _, err := m.dev.WriteAt(context.Background(), b.data, int64(b.loc)*Size); err != nil {
@@ -164,34 +214,62 @@ func (m *Manager) write(b *Block) error {
 	return nil
 }
 
-// get pins the block at loc, reading and validating it unless zero is
-// set (then its contents are zeroed and it is not read).
-func (m *Manager) get(loc uint64, v *Validator, zero bool) (*Block, error) {
-	if loc >= m.nrBlocks {
-		return nil, errs.Corruptf("%s block %d out of range (device has %d blocks)", v.Name, loc, m.nrBlocks)
+// lockErr says why a cached block could not be locked.
+func lockErr(write bool, v *Validator, loc uint64) error {
+	if write {
+		return errs.Corruptf("%s block %d is written while it is locked", v.Name, loc)
+	}
+	// Writers run alone (the pool's lock), so a block already locked
+	// for writing is one the caller holds itself: metadata that points
+	// back into its own path. Waiting would deadlock.
+	return errs.Corruptf("%s block %d is read while it is being written", v.Name, loc)
+}
+
+// get returns the block at loc locked for reading, or for writing when
+// write is set; zero (with write) zeroes it instead of reading it.
+func (m *Manager) get(loc uint64, v *Validator, write, zero bool) (*Block, error) {
+	if loc >= m.nrBlocks.Load() {
+		return nil, errs.Corruptf("%s block %d out of range (device has %d blocks)", v.Name, loc, m.nrBlocks.Load())
+	}
+	if !write {
+		m.mu.RLock()
+		b, ok := m.blocks[loc]
+		locked := ok && b.tryRead()
+		m.mu.RUnlock()
+		if ok {
+			if !locked {
+				return nil, lockErr(false, v, loc)
+			}
+			return m.cached(b, v, false, false)
+		}
 	}
 	m.mu.Lock()
 	if b, ok := m.blocks[loc]; ok {
-		b.pins++
-		m.lruRemove(b)
-		m.stats.Hits++
+		var locked bool
+		if write {
+			locked = b.lock.CompareAndSwap(0, writeLocked)
+		} else {
+			locked = b.tryRead()
+		}
 		m.mu.Unlock()
-		<-b.ready
-		if b.err != nil {
-			m.unpin(b)
-			return nil, b.err
+		if !locked {
+			return nil, lockErr(write, v, loc)
 		}
-		if !zero && b.v != v {
-			m.unpin(b)
-			return nil, errs.Corruptf("block %d is a %s block, not a %s block", loc, b.v.Name, v.Name)
-		}
-		return b, nil
+		return m.cached(b, v, write, zero)
 	}
-	b := &Block{loc: loc, v: v, pins: 1, ready: make(chan struct{})}
+	b := &Block{loc: loc, v: v, ready: make(chan struct{})}
+	if write {
+		b.lock.Store(writeLocked)
+	} else {
+		b.lock.Store(1)
+	}
 	b.data = m.buf()
-	m.blocks[loc] = b
+	m.add(b)
 	err := m.evict()
 	m.stats.Misses++
+	if err == nil && !zero {
+		m.stats.Reads++
+	}
 	m.mu.Unlock()
 	if err == nil {
 		if zero {
@@ -203,14 +281,41 @@ func (m *Manager) get(loc uint64, v *Validator, zero bool) (*Block, error) {
 	if err != nil {
 		b.err = err
 		m.mu.Lock()
-		delete(m.blocks, loc)
-		b.pins--
+		m.drop(b)
 		m.mu.Unlock()
 		close(b.ready)
+		m.release(b, write)
 		return nil, err
 	}
+	b.loaded.Store(true)
 	close(b.ready)
 	return b, nil
+}
+
+// cached finishes locking a block found in the cache: it waits for its
+// contents and checks its kind (unless zero).
+func (m *Manager) cached(b *Block, v *Validator, write, zero bool) (*Block, error) {
+	if !b.loaded.Load() {
+		<-b.ready
+	}
+	if b.err != nil {
+		m.release(b, write)
+		return nil, b.err
+	}
+	if !zero && b.v != v {
+		m.release(b, write)
+		return nil, errs.Corruptf("block %d is a %s block, not a %s block", b.loc, b.v.Name, v.Name)
+	}
+	return b, nil
+}
+
+// release drops a lock without marking the block dirty.
+func (m *Manager) release(b *Block, write bool) {
+	if write {
+		b.lock.Add(-writeLocked)
+	} else {
+		b.lock.Add(-1)
+	}
 }
 
 func (m *Manager) read(b *Block) error {
@@ -218,37 +323,12 @@ func (m *Manager) read(b *Block) error {
 	if err != nil || n != Size {
 		return fmt.Errorf("read metadata block %d: %d bytes: %w", b.loc, n, err)
 	}
-	m.mu.Lock()
-	m.stats.Reads++
-	m.mu.Unlock()
 	return b.v.Verify(b.data, b.loc)
-}
-
-func (m *Manager) unpin(b *Block) {
-	m.mu.Lock()
-	b.pins--
-	if b.pins == 0 && b.err == nil {
-		if _, ok := m.blocks[b.loc]; ok {
-			m.lruPush(b)
-		}
-	}
-	m.mu.Unlock()
 }
 
 // ReadLock returns the block at loc locked for reading.
 func (m *Manager) ReadLock(loc uint64, v *Validator) (*Block, error) {
-	b, err := m.get(loc, v, false)
-	if err != nil {
-		return nil, err
-	}
-	// Writers run alone (the pool's lock), so a block already locked for
-	// writing is one the caller holds itself: metadata that points back
-	// into its own path. Waiting would deadlock.
-	if !b.rw.TryRLock() {
-		m.unpin(b)
-		return nil, errs.Corruptf("%s block %d is read while it is being written", v.Name, loc)
-	}
-	return b, nil
+	return m.get(loc, v, false, false)
 }
 
 // WriteLock returns the block at loc locked for writing; it is written
@@ -267,42 +347,30 @@ func (m *Manager) writeLock(loc uint64, v *Validator, zero bool) (*Block, error)
 	if m.readOnly.Load() {
 		return nil, fmt.Errorf("write block %d: %w", loc, errs.ErrReadOnly)
 	}
-	b, err := m.get(loc, v, zero)
+	b, err := m.get(loc, v, true, zero)
 	if err != nil {
 		return nil, err
-	}
-	if !b.rw.TryLock() {
-		m.unpin(b)
-		return nil, errs.Corruptf("%s block %d is written while it is locked", v.Name, loc)
 	}
 	if zero {
 		clear(b.data)
 		b.v = v
 	}
-	b.writer.Store(true)
 	return b, nil
 }
 
 // Unlock releases a read or write lock; a block that was write-locked is
 // dirty.
 func (m *Manager) Unlock(b *Block) {
-	w := b.writer.Load()
-	if w {
-		b.writer.Store(false)
-		b.rw.Unlock()
-	} else {
-		b.rw.RUnlock()
+	if !b.used.Load() {
+		b.used.Store(true)
+	}
+	if b.lock.Load() >= 0 {
+		b.lock.Add(-1)
+		return
 	}
 	m.mu.Lock()
-	if w {
-		b.dirty = true
-	}
-	b.pins--
-	if b.pins == 0 && b.err == nil {
-		if _, ok := m.blocks[b.loc]; ok {
-			m.lruPush(b)
-		}
-	}
+	b.dirty = true
+	b.lock.Add(-writeLocked)
 	// A failed write-back leaves the block dirty; Flush reports it.
 	_ = m.evict()
 	m.mu.Unlock()
@@ -313,8 +381,8 @@ func (m *Manager) Unlock(b *Block) {
 func (m *Manager) Flush() error {
 	m.mu.Lock()
 	var dirty []*Block
-	for _, b := range m.blocks {
-		if b.writer.Load() {
+	for _, b := range m.ring {
+		if b.lock.Load() < 0 {
 			m.mu.Unlock()
 			return fmt.Errorf("flush: block %d is still write-locked", b.loc)
 		}
@@ -342,19 +410,18 @@ func (m *Manager) Flush() error {
 func (m *Manager) Invalidate() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for loc, b := range m.blocks {
-		if b.pins == 0 {
-			m.lruRemove(b)
-			delete(m.blocks, loc)
+	for i := len(m.ring) - 1; i >= 0; i-- {
+		if b := m.ring[i]; b.lock.Load() == 0 && b.loaded.Load() {
+			m.drop(b)
 		}
 	}
 }
 
 // Dirty reports whether any cached block waits to be written.
 func (m *Manager) Dirty() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, b := range m.blocks {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, b := range m.ring {
 		if b.dirty {
 			return true
 		}

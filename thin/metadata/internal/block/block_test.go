@@ -3,6 +3,8 @@ package block
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
@@ -179,5 +181,59 @@ func TestFlushAndInvalidate(t *testing.T) {
 	}
 	if dev.Writes != 1 {
 		t.Error("Invalidate kept a dirty block")
+	}
+}
+
+// TestConcurrentReads reads 64 blocks from four goroutines through a
+// cache of 8, so that hits, misses and evictions overlap; every read must
+// see its block's contents.
+func TestConcurrentReads(t *testing.T) {
+	dev := memdev.New(64)
+	w := NewManager(dev, 64)
+	for loc := uint64(0); loc < 64; loc++ {
+		b, err := w.WriteLockZero(loc, Bitmap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		binary.LittleEndian.PutUint64(b.Data()[16:], loc*3+1)
+		w.Unlock(b)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m := NewManager(dev, 8)
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 3000; i++ {
+				// Mostly a few hot blocks, sometimes any of them.
+				loc := uint64((i*7 + g) % 4)
+				if i%3 == 0 {
+					loc = uint64((i*13 + g*5) % 64)
+				}
+				b, err := m.ReadLock(loc, Bitmap)
+				if err != nil {
+					errc <- err
+					return
+				}
+				if got := binary.LittleEndian.Uint64(b.Data()[16:]); got != loc*3+1 {
+					errc <- fmt.Errorf("block %d reads %d, want %d", loc, got, loc*3+1)
+					m.Unlock(b)
+					return
+				}
+				m.Unlock(b)
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if s := m.Stats(); s.Cached > 8+4 || s.Misses < 64 || s.Evictions == 0 {
+		t.Errorf("stats %+v: want at most 12 cached, at least 64 misses, some evictions", s)
 	}
 }
