@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -906,4 +907,51 @@ func TestDmsetupBadInput(t *testing.T) {
 	if pid := e.pid(); pid == 0 {
 		t.Error("no daemon after the create")
 	}
+}
+
+// TestDmsetupDaemonHoldsNoCallerFD: the daemon a command starts keeps none
+// of the caller's descriptors beyond its standard streams. A lock passed
+// down as flock(1) passes it is free once the command returns, and a pipe
+// passed down reads EOF.
+func TestDmsetupDaemonHoldsNoCallerFD(t *testing.T) {
+	e := newDmsetupEnv(t)
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	lockPath := filepath.Join(e.dir, "caller.lock")
+	lock, err := os.Create(lockPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(e.dir, "bin", "dmsetup"), "create", e.name("z"), "--table", "0 8 zero")
+	cmd.Env, cmd.Dir = e.env, e.dir
+	cmd.ExtraFiles = []*os.File{wr, lock}
+	out, err := cmd.CombinedOutput()
+	wr.Close()
+	lock.Close()
+	if err != nil {
+		t.Fatalf("dmsetup create: %v\n%s", err, out)
+	}
+	if e.pid() == 0 {
+		t.Fatal("no daemon started")
+	}
+	rd.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [1]byte
+	if n, err := rd.Read(b[:]); !errors.Is(err, io.EOF) {
+		t.Errorf("the caller's pipe: read %d, %v; want EOF (the daemon holds its write end)", n, err)
+	}
+	again, err := os.Open(lockPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if err := unix.Flock(int(again.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Errorf("the caller's lock is still held after the command returned: %v", err)
+	}
+	e.must("remove", e.name("z"))
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -180,6 +181,7 @@ func (s system) start() error {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, log, log
 	cmd.ExtraFiles = []*os.File{wr}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	closeInheritedOnExec()
 	err = cmd.Start()
 	wr.Close()
 	if err != nil {
@@ -196,6 +198,28 @@ func (s system) start() error {
 		return fmt.Errorf("the dmfuse daemon did not answer within %v; see %s", startTimeout, s.path("daemon.log"))
 	}
 	return fmt.Errorf("the dmfuse daemon exited before it served; see %s", s.path("daemon.log"))
+}
+
+// closeInheritedOnExec marks every file descriptor above standard error
+// close-on-exec, so that the daemon, which outlives this command, holds
+// nothing the caller left open in it: a lock (flock(1) passes its
+// descriptor to the command it runs), a pipe whose reader waits for EOF, a
+// make jobserver. This command's own descriptors are close-on-exec already,
+// and the daemon's ready pipe is passed as ExtraFiles, which exec keeps.
+func closeInheritedOnExec() {
+	if unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return
+	}
+	// Before Linux 5.11: one by one.
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
 }
 
 // ready returns a caller for a running daemon once it answers on its
