@@ -1,6 +1,7 @@
 package test
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -199,4 +200,81 @@ func TestThinXfstestsSequence(t *testing.T) {
 		t.Errorf("thin_dump:\n%s", dump)
 	}
 	e.must("remove", data, meta)
+}
+
+// TestThinStatusNoFlush: `dmsetup status` of a pool commits its metadata
+// first (pool_status) and `dmsetup status --noflush` does not
+// (DM_STATUS_NOFLUSH_FLAG): after a write that provisions a block, the
+// metadata device is unchanged by status --noflush, whose line already
+// counts the block, and changed by the plain status that follows.
+func TestThinStatusNoFlush(t *testing.T) {
+	requireTool(t, "thin_dump")
+	e := newDmsetupEnv(t)
+	dir := pcMemDir(t)
+	metaImg, dataImg := filepath.Join(dir, "meta.img"), filepath.Join(dir, "data.img")
+	sparseFile(t, metaImg, 8<<20)
+	sparseFile(t, dataImg, 64<<20)
+	pool, vol := e.name("pool"), e.name("vol")
+	e.createPool(pool, fmt.Sprintf("0 131072 thin-pool %s %s 128 0", metaImg, dataImg))
+	e.must("message", pool, "0", "create_thin 1")
+	e.must("create", vol, "--table", "0 131072 thin /dev/mapper/"+pool+" 1")
+	readMeta := func() []byte {
+		b, err := os.ReadFile(metaImg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	used := func(status string) string {
+		if f := strings.Fields(status); len(f) > 5 {
+			return f[5]
+		}
+		return status
+	}
+	// The pool commits on its own once a second: a round in which that
+	// commit falls between the write and the read of the metadata proves
+	// nothing, so up to five rounds are tried, each provisioning one more
+	// block; status --noflush must leave the metadata alone in one of them,
+	// and the plain status must change it in every one.
+	unchanged := 0
+	for round := range 5 {
+		e.must("status", pool) // commits what came before
+		before := readMeta()
+		e.must("status", pool, "--noflush") // nothing to commit: no change either way
+		f, err := os.OpenFile("/dev/mapper/"+vol, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.WriteAt(make([]byte, 4096), int64(round)*65536) // one new block, no flush
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		noflush := e.must("status", pool, "--noflush")
+		if got, want := used(noflush), fmt.Sprintf("%d/", round+1); !strings.HasPrefix(got, want) {
+			t.Errorf("round %d: status --noflush %q: want %s... data blocks used", round, noflush, want)
+		}
+		if bytes.Equal(readMeta(), before) {
+			unchanged++
+		}
+		flushed := e.must("status", pool)
+		if used(flushed) != used(noflush) {
+			t.Errorf("round %d: status %q and status --noflush %q count different blocks", round, flushed, noflush)
+		}
+		if bytes.Equal(readMeta(), before) {
+			t.Errorf("round %d: status left the metadata device unchanged after a provisioning write", round)
+		}
+		if unchanged > 0 {
+			break
+		}
+	}
+	if unchanged == 0 {
+		t.Error("status --noflush changed the metadata device in every round: it commits")
+	}
+	e.must("remove", vol, pool)
+	dump := thinCheck(t, metaImg)
+	if !strings.Contains(dump, `<device dev_id="1"`) {
+		t.Errorf("thin_dump after status --noflush:\n%s", dump)
+	}
+	e.stopDaemon()
 }
