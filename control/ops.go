@@ -69,7 +69,7 @@ var ops = map[string]op{
 		return "", err
 	}},
 	OpTable:  {"name? inactive concise target", (*Server).runTable},
-	OpStatus: {"name? inactive target", (*Server).runTable},
+	OpStatus: {"name? inactive target noflush", (*Server).runTable},
 	OpInfo:   {"name? inactive", (*Server).runInfo},
 	OpList: {"", func(s *Server, _ context.Context, _ *Request) (string, error) {
 		return formatList(s.mgr, s.mgr.Devices()), nil
@@ -120,6 +120,9 @@ func (s *Server) runTable(_ context.Context, r *Request) (string, error) {
 	st := stack.StatusTable
 	if r.Op == OpStatus {
 		st = stack.StatusInfo
+		if r.NoFlush {
+			st = stack.StatusInfoNoFlush
+		}
 	}
 	if r.Target != "" {
 		return s.each(r.Name, func(d *stack.Device, prefix string) string {

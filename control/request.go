@@ -71,7 +71,8 @@ type Request struct {
 	ReadOnly bool `json:"readonly,omitempty"`
 	// Minor is the minor create asks for (default: the lowest free one).
 	Minor *uint32 `json:"minor,omitempty"`
-	// NoFlush is suspend (or resume) --noflush.
+	// NoFlush is suspend (or resume) --noflush, or status --noflush: the
+	// targets do not commit or flush first (stack.StatusInfoNoFlush).
 	NoFlush bool `json:"noflush,omitempty"`
 	// NoLockFS is suspend (or resume) --nolockfs: do not freeze the file
 	// system on the device's block device.

@@ -374,10 +374,17 @@ func (r *readResult) Done() {
 
 // Write writes to the device; a write that rawFS marked (O_DSYNC in the
 // request) goes down with the FUA mark, so that it is on stable media before
-// it is acknowledged.
+// it is acknowledged. A write fails as a whole with the error of any piece,
+// as a bio completes with one status (drivers/md/dm.c: dm_io_dec_pending
+// keeps the error of a failed clone for the whole bio), even when pieces
+// before it were written: a short count without an error would tell the
+// kernel that part of the request succeeded, and FUSE turns a short direct
+// write into EIO (fs/fuse/file.c: fuse_get_res_by_io), so an ENOSPC of a
+// thin pool, for one, would reach the loop device above as EIO. Only a
+// write clipped at the end of the device is short, without an error.
 func (n *devNode) Write(ctx context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
 	k, err := n.dev.WriteAt(n.ioContext(ctx), data, off)
-	if err != nil && k == 0 {
+	if err != nil {
 		return 0, errno(err)
 	}
 	return uint32(k), 0

@@ -77,6 +77,11 @@
 //     with EIO. Only linear, striped and multipath take write-zeroes.
 //   - Messager: the target takes `dmfuse message`. Without it a message
 //     fails with "Target type does not support messages" (EINVAL).
+//   - NoFlushStatuser: the target's INFO status does work first (thin-pool
+//     commits its metadata) that `status --noflush` skips (dm's
+//     DM_STATUS_NOFLUSH_FLAG): a status of type StatusInfoNoFlush calls
+//     StatusNoFlush instead of Status(StatusInfo). Without it the flag is
+//     ignored.
 //   - Presuspender: Presuspend(noflush) runs before the suspend waits for the
 //     I/O inside the device (and, without noflush, before new I/O is held).
 //     A target that keeps I/O waiting inside its methods (delay's queue,

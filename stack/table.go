@@ -265,14 +265,27 @@ func (t *Table) Targets(f func(start, n int64, typ *TargetType, tg Target)) {
 }
 
 // Format prints the table as `dmfuse table` (StatusTable) or `dmfuse status`
-// (StatusInfo) do: one line per target, `<start> <len> <type> <params>\n`.
+// (StatusInfo, or StatusInfoNoFlush for `status --noflush`) do: one line per
+// target, `<start> <len> <type> <params>\n`.
 func (t *Table) Format(st StatusType) string {
 	var b strings.Builder
 	for i := range t.segs {
 		s := &t.segs[i]
-		fmt.Fprintf(&b, "%d %d %s %s\n", s.start/SectorSize, (s.end-s.start)/SectorSize, s.typ.Name, s.target.Status(st))
+		fmt.Fprintf(&b, "%d %d %s %s\n", s.start/SectorSize, (s.end-s.start)/SectorSize, s.typ.Name, targetStatus(s.target, st))
 	}
 	return b.String()
+}
+
+// targetStatus is tg's status of type st; StatusInfoNoFlush goes to a
+// NoFlushStatuser's StatusNoFlush and is StatusInfo for any other target.
+func targetStatus(tg Target, st StatusType) string {
+	if st != StatusInfoNoFlush {
+		return tg.Status(st)
+	}
+	if n, ok := tg.(NoFlushStatuser); ok {
+		return n.StatusNoFlush()
+	}
+	return tg.Status(StatusInfo)
 }
 
 // Close destroys every target and closes the devices the table opened.

@@ -23,6 +23,12 @@ const (
 	// StatusTable is the form printed by `dmfuse table` (dm's STATUSTYPE_TABLE);
 	// it must be accepted back by the target's constructor.
 	StatusTable
+	// StatusInfoNoFlush asks a table (Table.Format, Device.FormatTable) for
+	// the INFO form without the work a target does first (dm's
+	// DM_STATUS_NOFLUSH_FLAG, `dmsetup status --noflush`): a
+	// NoFlushStatuser answers StatusNoFlush, any other target
+	// Status(StatusInfo). A target's Status never receives it.
+	StatusInfoNoFlush
 )
 
 // Target is one constructed table line. Offsets are bytes relative to the start
@@ -125,6 +131,16 @@ type ZeroWriter interface {
 // A target without it answers "Target type does not support messages" (EINVAL).
 type Messager interface {
 	Message(ctx context.Context, args []string) (string, error)
+}
+
+// NoFlushStatuser is implemented by targets whose INFO status does work
+// first that a status request with noflush skips (the status_flags
+// DM_STATUS_NOFLUSH_FLAG of dm's status hook): thin-pool commits its
+// metadata (pool_status). StatusNoFlush returns the StatusInfo form without
+// that work. Without it, the flag is ignored, as by every kernel target that
+// does nothing first.
+type NoFlushStatuser interface {
+	StatusNoFlush() string
 }
 
 // Presuspender is implemented by targets with a presuspend hook (dm-delay

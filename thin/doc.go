@@ -40,8 +40,11 @@
 // Commits flush the data device first, then the metadata; they happen on a
 // FLUSH or FUA to a device that changed, every second when something
 // changed, after every message and on suspend. Out of data space, I/O that
-// needs a block waits for no_space_timeout (SetNoSpaceTimeout, 60 s) and
-// then fails with ENOSPC, or fails at once with error_if_no_space. The
+// needs a block waits for no_space_timeout (60 s; SetNoSpaceTimeout sets
+// it for the pools of one Manager, as the kernel's module parameter is set
+// for one kernel) and then fails with ENOSPC, or fails at once with
+// error_if_no_space. The pool's status commits first unless asked for with
+// noflush (stack.StatusInfoNoFlush, `dmsetup status --noflush`). The
 // low water mark raises a table event on the pool device once per resume.
 // A metadata failure aborts the transaction, sets needs_check and makes
 // the pool read-only.

@@ -60,36 +60,51 @@ func defaultFeatures() features {
 
 // Kernel limits.
 const (
-	minBlockSectors      = 128     // DATA_DEV_BLOCK_SIZE_MIN_SECTORS
-	maxBlockSectors      = 2097152 // DATA_DEV_BLOCK_SIZE_MAX_SECTORS
-	maxDevID             = 1<<24 - 1
-	metadataBlockSize    = 4096
-	maxMetadataBlocks    = 255 * 16320 // DM_SM_METADATA_MAX_BLOCKS
-	commitPeriod         = int64(time.Second)
-	defaultNoSpaceTimout = 60 * time.Second
-	prisonMaxRange       = 1024 // BIO_PRISON_MAX_RANGE
-	nLocks               = 4096 // per-block lock stripes of a pool
+	minBlockSectors   = 128     // DATA_DEV_BLOCK_SIZE_MIN_SECTORS
+	maxBlockSectors   = 2097152 // DATA_DEV_BLOCK_SIZE_MAX_SECTORS
+	maxDevID          = 1<<24 - 1
+	metadataBlockSize = 4096
+	maxMetadataBlocks = 255 * 16320 // DM_SM_METADATA_MAX_BLOCKS
+	commitPeriod      = int64(time.Second)
+	prisonMaxRange    = 1024 // BIO_PRISON_MAX_RANGE
+	nLocks            = 4096 // per-block lock stripes of a pool
 )
 
-// noSpaceTimeout is the dm_thin_pool module parameter no_space_timeout, in
-// nanoseconds; 0 queues for ever.
-var noSpaceTimeout atomic.Int64
+// DefaultNoSpaceTimeout is the kernel's default no_space_timeout.
+const DefaultNoSpaceTimeout = 60 * time.Second
 
-func init() { noSpaceTimeout.Store(int64(defaultNoSpaceTimout)) }
-
-// SetNoSpaceTimeout sets how long I/O that needs a new block waits when a
-// pool is out of data space before it fails with ENOSPC (the kernel's
-// dm_thin_pool no_space_timeout, 60 seconds by default); 0 waits for ever.
-// It applies to pools that run out of space after the call.
-func SetNoSpaceTimeout(d time.Duration) {
-	if d < 0 {
-		d = 0
+// SetNoSpaceTimeout sets, for the pools of the Manager whose shared set is
+// set (stack.Manager.Shared), how long I/O that needs a new block waits when
+// a pool is out of data space before it fails with ENOSPC: the kernel's
+// dm_thin_pool module parameter no_space_timeout, DefaultNoSpaceTimeout
+// unless set; 0 waits for ever, and a negative d is 0. It applies to pools
+// that run out of space after the call. It fails only when the set is
+// closed.
+func SetNoSpaceTimeout(set *stack.SharedSet, d time.Duration) error {
+	if set == nil {
+		return errors.New("thin: no_space_timeout: no shared set (a table built without a Manager has the default)")
 	}
-	noSpaceTimeout.Store(int64(d))
+	reg, err := sharedPoolTable(set)
+	if err != nil {
+		return fmt.Errorf("thin: no_space_timeout %v: %w", d, err)
+	}
+	reg.setNoSpaceTimeout(d)
+	return nil
 }
 
-// NoSpaceTimeout returns the value SetNoSpaceTimeout set.
-func NoSpaceTimeout() time.Duration { return time.Duration(noSpaceTimeout.Load()) }
+// NoSpaceTimeout returns the no_space_timeout of the pools of the Manager
+// whose shared set is set: DefaultNoSpaceTimeout unless SetNoSpaceTimeout
+// changed it.
+func NoSpaceTimeout(set *stack.SharedSet) (time.Duration, error) {
+	if set == nil {
+		return DefaultNoSpaceTimeout, nil
+	}
+	reg, err := sharedPoolTable(set)
+	if err != nil {
+		return 0, fmt.Errorf("thin: no_space_timeout: %w", err)
+	}
+	return time.Duration(reg.noSpaceTimeout.Load()), nil
+}
 
 // poolDevs are the metadata and data devices of one pool table. A pool
 // object outlives the table that created it (a reload reuses it), and each
@@ -151,35 +166,52 @@ type pool struct {
 
 // poolTable is the kernel's dm_thin_pool_table: the pool objects, by
 // metadata device, by pool device and by data device, and their
-// references.
+// references; and the module parameter no_space_timeout. A Manager has one
+// (in its stack.SharedSet), as a kernel has one dm_thin_pool module.
 type poolTable struct {
 	mu      sync.Mutex
 	byMeta  map[any]*pool
 	byOwner map[*stack.Device]*pool
 	byData  map[any]*pool
+
+	// noSpaceTimeout is no_space_timeout in nanoseconds; 0 queues for
+	// ever.
+	noSpaceTimeout atomic.Int64
 }
 
 func newPoolTable() *poolTable {
-	return &poolTable{byMeta: map[any]*pool{}, byOwner: map[*stack.Device]*pool{}, byData: map[any]*pool{}}
+	t := &poolTable{byMeta: map[any]*pool{}, byOwner: map[*stack.Device]*pool{}, byData: map[any]*pool{}}
+	t.noSpaceTimeout.Store(int64(DefaultNoSpaceTimeout))
+	return t
 }
 
-// processPools is the pool table of tables built outside a Manager.
-var processPools = newPoolTable()
+func (t *poolTable) setNoSpaceTimeout(d time.Duration) {
+	t.noSpaceTimeout.Store(int64(max(d, 0)))
+}
 
 // poolTableKey keys a Manager's pool table in its shared set.
 type poolTableKey struct{}
 
-// poolTableFor returns the pool table a constructor works in: its
-// Manager's (Ctor.Shared), or the process's for a table built without one.
-func poolTableFor(c *stack.Ctor) *poolTable {
-	if c.Shared == nil {
-		return processPools
-	}
-	v, err := c.Shared.Get(poolTableKey{}, func() (any, error) { return newPoolTable(), nil })
+// sharedPoolTable returns the pool table kept in set, making it on first
+// use. A nil set shares nothing: each call makes a new table.
+func sharedPoolTable(set *stack.SharedSet) (*poolTable, error) {
+	v, err := set.Get(poolTableKey{}, func() (any, error) { return newPoolTable(), nil })
 	if err != nil {
-		return processPools
+		return nil, err
 	}
-	return v.(*poolTable)
+	return v.(*poolTable), nil
+}
+
+// poolTableFor returns the pool table a pool constructor works in: its
+// Manager's (Ctor.Shared). A table built without a Manager has a pool table
+// of its own, as it shares nothing (its pool is never reused by a reload,
+// which needs a Manager's device). It fails when the Manager is closed.
+func poolTableFor(c *stack.Ctor) (*poolTable, error) {
+	reg, err := sharedPoolTable(c.Shared)
+	if err != nil {
+		return nil, stack.Errorf("Error finding the pool table: %v", err)
+	}
+	return reg, nil
 }
 
 // devKey returns what identifies the storage behind dev: the same mapped
@@ -239,7 +271,10 @@ func storeErrno(err error) syscall.Errno {
 // takes a reference; created says the object is new.
 func findPool(c *stack.Ctor, open OpenFunc, meta, data stack.BlockDevice, bs uint32, readOnly bool) (p *pool, created bool, err error) {
 	mk, dk := devKey(meta), devKey(data)
-	registry := poolTableFor(c)
+	registry, err := poolTableFor(c)
+	if err != nil {
+		return nil, false, err
+	}
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	if p = registry.byMeta[mk]; p != nil {
@@ -286,6 +321,18 @@ func findPool(c *stack.Ctor, open OpenFunc, meta, data stack.BlockDevice, bs uin
 	}
 	go p.waker()
 	return p, true, nil
+}
+
+// get takes a reference on a pool that a table still holds; it fails once
+// the last reference is gone.
+func (p *pool) get() bool {
+	p.reg.mu.Lock()
+	defer p.reg.mu.Unlock()
+	if p.refs == 0 {
+		return false
+	}
+	p.refs++
+	return true
 }
 
 // put drops a reference (__pool_dec); the last one commits and closes the
@@ -457,7 +504,7 @@ func (p *pool) setModeLocked(m poolMode) {
 		p.store.SetReadOnly()
 	case modeOutOfDataSpace:
 		p.outOfDataSpace = true
-		if t := noSpaceTimeout.Load(); !p.pf.errorIfNoSpace && t > 0 {
+		if t := p.reg.noSpaceTimeout.Load(); !p.pf.errorIfNoSpace && t > 0 {
 			p.noSpaceDeadline = p.now() + t
 		}
 	case modeWrite:

@@ -44,15 +44,16 @@ type PoolTarget struct {
 type discardPool struct{ *PoolTarget }
 
 var (
-	_ stack.Target        = (*PoolTarget)(nil)
-	_ stack.Flusher       = (*PoolTarget)(nil)
-	_ stack.Messager      = (*PoolTarget)(nil)
-	_ stack.Presuspender  = (*PoolTarget)(nil)
-	_ stack.Postsuspender = (*PoolTarget)(nil)
-	_ stack.Preresumer    = (*PoolTarget)(nil)
-	_ stack.Resumer       = (*PoolTarget)(nil)
-	_ stack.Discarder     = discardPool{}
-	_ stack.DiscardOwner  = discardPool{}
+	_ stack.Target          = (*PoolTarget)(nil)
+	_ stack.Flusher         = (*PoolTarget)(nil)
+	_ stack.Messager        = (*PoolTarget)(nil)
+	_ stack.Presuspender    = (*PoolTarget)(nil)
+	_ stack.Postsuspender   = (*PoolTarget)(nil)
+	_ stack.Preresumer      = (*PoolTarget)(nil)
+	_ stack.Resumer         = (*PoolTarget)(nil)
+	_ stack.NoFlushStatuser = (*PoolTarget)(nil)
+	_ stack.Discarder       = discardPool{}
+	_ stack.DiscardOwner    = discardPool{}
 )
 
 // parseFeatures reads the optional feature group (parse_pool_features).
@@ -201,6 +202,16 @@ func metadataDevBlocks(d stack.BlockDevice) uint64 {
 // line, as pool_status does; both end with a space. The status commits
 // first unless the pool is suspended.
 func (pt *PoolTarget) Status(st stack.StatusType) string {
+	return pt.status(st, st != stack.StatusTable)
+}
+
+// StatusNoFlush is the status line without the commit before it, as
+// pool_status with DM_STATUS_NOFLUSH_FLAG (`dmsetup status --noflush`).
+func (pt *PoolTarget) StatusNoFlush() string { return pt.status(stack.StatusInfo, false) }
+
+// status prints the table or status line; commit commits first unless the
+// pool is suspended.
+func (pt *PoolTarget) status(st stack.StatusType, commit bool) string {
 	p := pt.pool
 	b := make([]byte, 0, 128)
 	if st == stack.StatusTable {
@@ -217,7 +228,7 @@ func (pt *PoolTarget) Status(st stack.StatusType) string {
 	if p.getMode() == modeFail {
 		return "Fail"
 	}
-	if !p.suspended.Load() {
+	if commit && !p.suspended.Load() {
 		_ = p.commit()
 	}
 	s := p.store

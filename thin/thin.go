@@ -108,13 +108,10 @@ func newThin(c *stack.Ctor, args []string) (stack.Target, error) {
 		return nil, stack.Errorf("Invalid device id")
 	}
 	t.id = id
-	reg := poolTableFor(c)
-	reg.mu.Lock()
 	p, mapped := poolOf(pd)
-	if p != nil {
-		p.refs++
+	if p != nil && !p.get() {
+		p = nil // its last table closed since poolOf found it
 	}
-	reg.mu.Unlock()
 	if !mapped {
 		return nil, stack.Errorf("Couldn't get pool mapped device")
 	}

@@ -465,6 +465,10 @@ func poolFor(t *testing.T, r *rig) *pool {
 
 func TestOutOfSpaceQueuesThenTimesOut(t *testing.T) {
 	r := newRig(t)
+	const timeout = 5 * time.Second
+	if err := SetNoSpaceTimeout(r.mgr.Shared(), timeout); err != nil {
+		t.Fatal(err)
+	}
 	d := r.pool(4, 2, "")
 	th := r.thin("t1", 1, 1<<20)
 	p := poolFor(t, r)
@@ -491,7 +495,14 @@ func TestOutOfSpaceQueuesThenTimesOut(t *testing.T) {
 		t.Fatalf("queued write returned %v", err)
 	case <-time.After(20 * time.Millisecond):
 	}
-	r.clock.Advance(NoSpaceTimeout())
+	r.clock.Advance(timeout - time.Millisecond)
+	p.tick()
+	select {
+	case err := <-done:
+		t.Fatalf("queued write returned %v before the manager's timeout", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	r.clock.Advance(time.Millisecond)
 	p.tick()
 	errnoIs(t, "queued write after the timeout", <-done, syscall.ENOSPC)
 	if got := r.status(d); !strings.Contains(got, " out_of_data_space discard_passdown error_if_no_space ") {
@@ -706,5 +717,85 @@ func TestMetadataLowWaterEvent(t *testing.T) {
 	write(t, th, fill(1, 512), 2*65536)
 	if d.EventNr() != ev+1 {
 		t.Errorf("event raised again below the mark")
+	}
+}
+
+// TestNoSpaceTimeoutPerManager: no_space_timeout is a setting of one
+// Manager's pools (the kernel's module parameter, one per daemon), 60 s
+// unless set; another Manager keeps its own, and a closed Manager's set
+// refuses it.
+func TestNoSpaceTimeoutPerManager(t *testing.T) {
+	a, b := newRig(t), newRig(t)
+	if err := SetNoSpaceTimeout(a.mgr.Shared(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := NoSpaceTimeout(a.mgr.Shared()); err != nil || got != time.Second {
+		t.Errorf("a: %v, %v; want 1s", got, err)
+	}
+	if got, err := NoSpaceTimeout(b.mgr.Shared()); err != nil || got != DefaultNoSpaceTimeout {
+		t.Errorf("b: %v, %v; want the default", got, err)
+	}
+	if err := SetNoSpaceTimeout(b.mgr.Shared(), -time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := NoSpaceTimeout(b.mgr.Shared()); got != 0 {
+		t.Errorf("negative timeout: got %v, want 0", got)
+	}
+	var closed stack.SharedSet
+	if err := closed.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetNoSpaceTimeout(&closed, time.Second); err == nil {
+		t.Error("a closed set took a timeout")
+	}
+}
+
+// TestClosedManagerRefusesPool: a pool table built after its Manager
+// closed fails with a clear error instead of sharing pools with every
+// other table of the process.
+func TestClosedManagerRefusesPool(t *testing.T) {
+	r := newRig(t)
+	r.mem("meta", 4<<20)
+	r.mem("data", 64<<20)
+	if err := r.mgr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	err := r.createErr("pool", "0 131072 thin-pool meta data 128 0")
+	if err == nil || !strings.Contains(err.Error(), "manager is closed") {
+		t.Errorf("pool after Close: %v, want an error naming the closed manager", err)
+	}
+}
+
+// TestStatusNoFlush: the pool's status commits first (pool_status), unless
+// it is asked for with noflush (DM_STATUS_NOFLUSH_FLAG, `dmsetup status
+// --noflush`), which prints the same line and leaves the transaction open.
+// Other targets print their INFO status for either.
+func TestStatusNoFlush(t *testing.T) {
+	r := newRig(t)
+	d := r.pool(16, 0, "")
+	th := r.thin("t1", 1, 1<<20)
+	st := r.store()
+	write(t, th, fill(1, 4096), 0)
+	if !st.Changed() {
+		t.Fatal("provisioning changed nothing")
+	}
+	c0 := st.commits
+	noflush := strings.TrimSuffix(d.FormatTable(stack.StatusInfoNoFlush, false), "\n")
+	if st.commits != c0 || !st.Changed() {
+		t.Errorf("status --noflush committed: commits %d->%d, changed %v", c0, st.commits, st.Changed())
+	}
+	if f := strings.Fields(noflush); len(f) < 6 || f[5] != "1/16" {
+		t.Errorf("status --noflush %q: want 1/16 data blocks used", noflush)
+	}
+	if got := r.status(d); got != noflush {
+		t.Errorf("status %q differs from status --noflush %q", got, noflush)
+	}
+	if st.commits != c0+1 || st.Changed() {
+		t.Errorf("status: commits %d->%d, changed %v; want one commit", c0, st.commits, st.Changed())
+	}
+	// A target without NoFlushStatuser answers its INFO status.
+	data := r.mgr.Lookup("data")
+	if got, want := data.FormatTable(stack.StatusInfoNoFlush, false), data.FormatTable(stack.StatusInfo, false); got != want {
+		t.Errorf("linear status --noflush %q, want %q", got, want)
 	}
 }

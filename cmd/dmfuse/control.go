@@ -213,12 +213,13 @@ func (c *TableCmd) Run(g *Globals) error {
 // StatusCmd is `dmfuse status`.
 type StatusCmd struct {
 	Inactive bool   `help:"Print the inactive table's status."`
+	NoFlush  bool   `name:"noflush" help:"Do not commit or flush first (a thin pool's status commits its metadata otherwise), as dmsetup status --noflush."`
 	Name     string `arg:"" optional:"" help:"Device name (default: every device, lines prefixed NAME: )."`
 }
 
 // Run prints each target's status.
 func (c *StatusCmd) Run(g *Globals) error {
-	return g.call(&control.Request{Op: control.OpStatus, Name: c.Name, Inactive: c.Inactive})
+	return g.call(&control.Request{Op: control.OpStatus, Name: c.Name, Inactive: c.Inactive, NoFlush: c.NoFlush})
 }
 
 // InfoCmd is `dmfuse info`.

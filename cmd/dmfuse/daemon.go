@@ -22,6 +22,7 @@ import (
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/thin"
 )
 
 // daemonOptions is what differs between the two daemons dmfuse runs:
@@ -35,6 +36,10 @@ type daemonOptions struct {
 	// socket is the control socket; strict is control.Listen's.
 	socket string
 	strict bool
+	// thinNoSpaceTimeout is the thin pools' no_space_timeout (0 waits for
+	// ever): --thin-no-space-timeout of dmfuse mount, the kernel's 60 s
+	// (thin.DefaultNoSpaceTimeout) for the system instance.
+	thinNoSpaceTimeout time.Duration
 	// devices, if set, creates the devices served from the start; on an
 	// error nothing is mounted.
 	devices func(*stack.Manager) error
@@ -93,6 +98,9 @@ func runDaemon(o daemonOptions) error {
 	metrics.RegisterSet(dmstats)
 	defer metrics.UnregisterSet(dmstats, true)
 	defer mgr.Close()
+	if err := thin.SetNoSpaceTimeout(mgr.Shared(), o.thinNoSpaceTimeout); err != nil {
+		return err
+	}
 	if o.devices != nil {
 		if err := o.devices(mgr); err != nil {
 			return err

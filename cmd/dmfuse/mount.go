@@ -15,7 +15,6 @@ import (
 	"github.com/dmfuse/dmfuse/fs/export"
 	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/thin"
 )
 
 //go:embed default.conf
@@ -80,7 +79,6 @@ func (c *MountCmd) Run(g *Globals) error {
 	if err != nil {
 		return err
 	}
-	thin.SetNoSpaceTimeout(c.ThinNoSpaceTimeout)
 	limit, metricsLn, pprofLn, ferr := c.memoryAndDebug()
 	if ferr != nil {
 		return ferr
@@ -123,6 +121,7 @@ func (c *MountCmd) Run(g *Globals) error {
 			Transport: c.Transport, EnableURing: c.EnableURing, Poll: poll, URingDepth: c.URingDepth, Interruptible: c.Interruptible,
 			MemoryLimit: limit, ReleaseAfter: releaseAfter},
 		socket: sock, strict: strict,
+		thinNoSpaceTimeout: c.ThinNoSpaceTimeout,
 		devices: func(mgr *stack.Manager) error {
 			if err := createAll(mgr, text, base); err != nil {
 				return fmt.Errorf("%s: %w", src, err)

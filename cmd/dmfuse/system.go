@@ -18,6 +18,7 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
+	"github.com/dmfuse/dmfuse/thin"
 )
 
 // The system instance: the daemon dmsetup starts by itself. It lives in a
@@ -305,9 +306,10 @@ func (c *DaemonCmd) Run() error {
 		mount:  s.mount(),
 		fs:     fs.Options{Transport: os.Getenv("DMFUSE_TRANSPORT")},
 		socket: s.socket(), strict: true,
-		export:       &exportOptions{mapper: mapperDir(), state: s.path("nodes")},
-		removeOnStop: true,
-		logf:         logf,
+		thinNoSpaceTimeout: thin.DefaultNoSpaceTimeout,
+		export:             &exportOptions{mapper: mapperDir(), state: s.path("nodes")},
+		removeOnStop:       true,
+		logf:               logf,
 		served: func() {
 			if ready != nil {
 				ready.Write([]byte{1})

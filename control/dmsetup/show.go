@@ -101,7 +101,8 @@ func (r *run) statusOne(t target, multi bool) bool {
 		r.errf("Device does not exist.")
 		return false
 	}
-	req := &control.Request{Op: op, Name: t.name, Inactive: r.o.on("inactive"), Target: r.o.val("target"), Concise: concise}
+	req := &control.Request{Op: op, Name: t.name, Inactive: r.o.on("inactive"), Target: r.o.val("target"), Concise: concise,
+		NoFlush: verb == "status" && r.o.on("noflush")}
 	if t.absent {
 		r.do(verb, t, req)
 		return false
