@@ -70,21 +70,27 @@ func (e *dmsetupEnv) tcVerify(dev, mntName string, want map[string]string) {
 // fsynced and unsynced files, a snapshot taken with suspend, create_snap
 // and resume, and files deleted with discards (fstrim); the power of both
 // devices is cut after a random step of the workload (seeded, each cached
-// write surviving or not at random). After power_on, thin_check is clean
+// write surviving or not at random): in even rounds while a writer works,
+// in odd ones after an in-place overwrite left the data device holding
+// writes no flush covered (checked). After power_on, thin_check is clean
 // on the metadata, the recreated pool serves the thin volume and its
 // snapshot, every fsynced file reads back, and e2fsck finds both clean.
 func TestThinPowerCut(t *testing.T) {
 	requireTool(t, "thin_check", "thin_dump", "e2fsck", "fstrim")
 	seed := tcSeed(t)
 	t.Logf("seed %d (DMFUSE_THIN_SEED=%d replays it)", seed, seed)
-	const rounds = 3
+	const rounds = 4
 	for r := range rounds {
 		rs := seed + uint64(r)
-		t.Run(fmt.Sprintf("round%d-seed%d", r, rs), func(t *testing.T) { thinPowerCutRound(t, rs) })
+		t.Run(fmt.Sprintf("round%d-seed%d", r, rs), func(t *testing.T) { thinPowerCutRound(t, rs, r%2 == 1) })
 	}
 }
 
-func thinPowerCutRound(t *testing.T, seed uint64) {
+// thinPowerCutRound runs one round; with dirty, the cut comes after the
+// writer stopped and an in-place overwrite left the data device holding
+// cached writes that no flush covered (checked), rather than at a random
+// moment of the writer's work.
+func thinPowerCutRound(t *testing.T, seed uint64, dirty bool) {
 	rng := rand.New(rand.NewPCG(seed, 0x7468696e))
 	e := newDmsetupEnv(t)
 	dir := pcMemDir(t)
@@ -200,13 +206,48 @@ func thinPowerCutRound(t *testing.T, seed uint64) {
 		}
 	}()
 	time.Sleep(delay)
-	t.Logf("power cut after step %d of %d and %v of writes; power_cut random %d (metadata), %d (data)", cut, len(steps), delay, cutSeeds[0], cutSeeds[1])
-	for i, dev := range []string{meta, data} {
-		t.Logf("%s", strings.TrimSpace(e.must("message", dev, "0", "power_cut random "+strconv.FormatUint(cutSeeds[i], 10))))
-		t.Logf("%s", strings.TrimSpace(e.must("status", dev)))
+	var ws []synced
+	stopWriter := func() {
+		close(stop)
+		ws = <-done
 	}
-	close(stop)
-	ws := <-done
+	if dirty {
+		// The writer stops; a file is written and fsynced, then
+		// overwritten in place and written out without a flush, so
+		// that the data device holds cached writes when the power
+		// goes (the pool has nothing to commit for an overwrite of
+		// provisioned blocks, and ext4's next journal commit is seconds
+		// away).
+		stopWriter()
+		p := filepath.Join(mnt, "p")
+		b := []byte(tcFile(t, rng, p, true))
+		for j := range b {
+			b[j] = byte('a' + rng.IntN(26))
+		}
+		f, err := os.OpenFile(p, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.WriteAt(b, 0)
+		if err == nil {
+			err = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+		}
+		f.Close()
+		if err != nil {
+			t.Fatalf("overwrite of %s: %v", p, err)
+		}
+		if st := e.must("status", data); strings.Contains(st, " cached 0 ") {
+			t.Fatalf("the data device holds no cached write before the cut: %s", st)
+		}
+	}
+	t.Logf("power cut after step %d of %d and %v of writes (dirty %v); power_cut random %d (data), %d (metadata)", cut, len(steps), delay, dirty, cutSeeds[0], cutSeeds[1])
+	for i, dev := range []string{data, meta} {
+		t.Logf("%s", strings.TrimSpace(e.must("status", dev)))
+		t.Logf("%s", strings.TrimSpace(e.must("message", dev, "0", "power_cut random "+strconv.FormatUint(cutSeeds[i], 10))))
+	}
+	if !dirty {
+		stopWriter()
+	}
 	t.Logf("%d files fsynced by the writer before the cut", len(ws))
 	for _, w := range ws {
 		durable[w.name] = w.data
