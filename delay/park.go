@@ -1,0 +1,18 @@
+package delay
+
+// park blocks the calling goroutine, and its OS thread, in futex(2) until
+// signal is called; it returns at once if signal already was. A request
+// parks its thread rather than its goroutine so that the release is one
+// kernel wake-up of that thread (internal/futex). A goroutine parked on a
+// channel and readied by the scheduler's locked thread lands in the run queue
+// of that thread's P, which the scheduler keeps while it naps in ppoll; unless
+// another P is idle to steal it, it waits for the runtime's sysmon, which
+// sleeps up to 10 ms when the process is quiet. Measured with fio at QD1 on a
+// 10 ms device (6 s, two runs each), replies more than 0.5 ms late fell from
+// 36-38 to 8-33 and the p99 from 15 ms to 10.5-13 ms; in process
+// (BenchmarkAccuracy) the median lateness at 10 ms fell from about 30 us to
+// 6-8 us.
+func (w *waiter) park() { w.sig.Wait() }
+
+// signal ends the park of w.
+func (w *waiter) signal() { w.sig.Set(1) }
