@@ -111,7 +111,7 @@ func benchWakeup(b *testing.B, yield bool) {
 		defer close(done)
 		for range b.N {
 			w.park()
-			w.sig.Reset()
+			w.sig.Store(0)
 			late = append(late, time.Duration(clock.Now()-sent.Load()))
 			got.Store(true)
 		}

@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dmfuse/dmfuse/internal/futex"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -297,7 +296,7 @@ const (
 // scheduler, presuspend or its context's end signals it. Waiters come from a
 // pool so that a delayed request allocates nothing.
 type waiter struct {
-	sig        futex.Event // 1 once signalled
+	sig        atomic.Uint32 // 1 once signalled
 	prev, next *waiter
 	deadline   int64
 	delay      int64  // requested, ns
@@ -408,7 +407,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	}
 	l := &q.mu.lists[c]
 	w := waiterPool.Get().(*waiter)
-	w.sig.Reset()
+	w.sig.Store(0)
 	w.deadline, w.delay = due, d // presuspend rewrites w.deadline once queued
 	w.class, w.state = uint8(c), stateQueued
 	q.mu.seq++

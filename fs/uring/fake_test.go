@@ -747,7 +747,7 @@ func TestExpectingOff(t *testing.T) {
 func (q *queue) standbys() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.idle)
+	return q.idle
 }
 
 // TestStandbyReused: a thread that gave up the queue for a waiting request

@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dmfuse/dmfuse/internal/futex"
 	"github.com/dmfuse/dmfuse/internal/hints"
 )
 
@@ -22,13 +21,13 @@ import (
 // queue: a standby thread (a new one if none waits) becomes the leader at
 // once, and the old leader finishes the request, puts the entry on the
 // queue's list of finished entries, wakes the new leader to commit it, and
-// becomes a standby thread itself, asleep at once (awaitLead); the thread
-// that promotes it binds it to the queue's CPU and wakes it. A waiting
-// request that says it is about to complete (hints.Continuing, through
-// entry.Continuing) while it is the queue's only request away from the
-// leader wakes the leader ahead of its reply, and the leader spins for it
-// rather than sleep (with several away, their replies wake it as they
-// come). One that says when it will complete (hints.Expecting, through entry.Expecting) while
+// becomes a standby thread itself, bound to the queue's CPU again before it
+// waits, so that a promotion takes no system call. A waiting request that
+// says it is about to complete (hints.Continuing, through entry.Continuing)
+// while it is the queue's only request away from the leader wakes the
+// leader ahead of its reply, and the leader spins for it rather than sleep
+// (with several away, their replies wake it as they come). One that
+// says when it will complete (hints.Expecting, through entry.Expecting) while
 // it is the queue's only request lets the leader sleep with a timeout that
 // ends expectMargin before then, and spin from there (see expected).
 type queue struct {
@@ -64,28 +63,14 @@ type queue struct {
 	returned            atomic.Uint64 // replies of hand-offs and offloads back (finished)
 
 	mu      sync.Mutex
-	idle    []*standby // threads waiting to lead, the last to come on top
+	idle    int
 	threads int
+	standby chan struct{}
 	closed  bool
 }
 
-// standby is one thread of a queue while it waits to lead the queue: it
-// sleeps in futex(2) on ev until promote binds it to the leader's CPUs and
-// sets ev to standbyLead, or exit sets it to standbyExit. It is the thread's
-// for its life: waiting allocates nothing.
-type standby struct {
-	tid int
-	ev  futex.Event
-}
-
-// Values of standby.ev.
-const (
-	standbyLead = 1
-	standbyExit = 2
-)
-
 func newQueue(s *Server, id int, r ring, mem []byte) *queue {
-	q := &queue{s: s, id: id, r: r, mem: mem}
+	q := &queue{s: s, id: id, r: r, mem: mem, standby: make(chan struct{}, 1<<16)}
 	q.ent = s.newEntries(q, mem)
 	q.pending = make([]*entry, 0, len(q.ent))
 	return q
@@ -110,21 +95,15 @@ func pin(cpu int) {
 }
 
 // pinLeader binds the calling thread, about to lead q, as Config.Pin says.
-func (q *queue) pinLeader() { q.bindLeader(0) }
-
-// bindLeader binds thread tid (0: the calling thread) to the CPUs of q's
-// leader, as Config.Pin says.
-func (q *queue) bindLeader(tid int) {
-	var set unix.CPUSet
+func (q *queue) pinLeader() {
 	switch q.s.cfg.Pin {
 	case PinNone:
-		set = q.s.cpus
+		unix.SchedSetaffinity(0, &q.s.cpus)
 	case PinOtherCPU:
-		set.Set((q.id + 1) % len(q.s.queues))
+		pin((q.id + 1) % len(q.s.queues))
 	default:
-		set.Set(q.id)
+		pin(q.id)
 	}
-	unix.SchedSetaffinity(tid, &set)
 }
 
 // thread is one OS thread of the queue. The goroutine stays locked to its
@@ -143,16 +122,27 @@ func (q *queue) thread(leader bool, started chan<- error) {
 			return
 		}
 	}
-	// bound: the thread is bound as the queue's leader (pinLeader);
-	// promote binds a standby thread before it wakes it.
+	// bound: the thread is bound as the queue's leader (pinLeader). A
+	// standby thread is bound before it waits, so that its promotion
+	// neither makes a system call nor moves it between CPUs on the way
+	// to the ring.
 	bound := false
-	sb := &standby{tid: unix.Gettid()}
 	for {
 		if !leader {
-			if !q.awaitLead(sb) {
+			if !bound {
+				q.pinLeader()
+				bound = true
+			}
+			q.mu.Lock()
+			if q.closed {
+				q.mu.Unlock()
 				return
 			}
-			bound = true
+			q.idle++
+			q.mu.Unlock()
+			if _, ok := <-q.standby; !ok {
+				return
+			}
 		}
 		if q.lead(bound) {
 			// giveUp unbound the thread.
@@ -164,57 +154,28 @@ func (q *queue) thread(leader bool, started chan<- error) {
 	}
 }
 
-// awaitLead makes the calling thread, whose request that waited has just been
-// answered, one of q's standby threads, and reports whether it is to lead
-// q (false: the queue ended). It goes to sleep at once, without binding
-// itself to the leader's CPU first: that is a system call, which may move
-// the thread to that CPU, where the leader is about to commit this
-// thread's reply (perf showed a delayed request's reply reach the kernel
-// 12 us after its read on the leader's CPU, 6 us on the other). promote
-// binds it instead, while it sleeps, and wakes it with one futex(2)
-// wake-up rather than through the Go scheduler (internal/futex).
-func (q *queue) awaitLead(sb *standby) bool {
-	sb.ev.Reset()
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return false
-	}
-	q.idle = append(q.idle, sb)
-	q.mu.Unlock()
-	return sb.ev.Wait() == standbyLead
-}
-
 // exit ends the queue: standby threads return and the ring is released
 // once every thread has.
 func (q *queue) exit() {
 	q.mu.Lock()
-	q.closed = true
-	idle := q.idle
-	q.idle = nil
-	q.mu.Unlock()
-	for _, sb := range idle {
-		sb.ev.Set(standbyExit)
+	if !q.closed {
+		q.closed = true
+		close(q.standby)
 	}
+	q.mu.Unlock()
 }
 
-// promote hands the queue to a standby thread, the one that waited last
-// (its caches are the warmest), starting one if none waits. It binds the
-// standby thread to the leader's CPUs before it wakes it, so that the
-// thread wakes there and leads without a system call of its own.
+// promote hands the queue to a standby thread, starting one if none waits.
 func (q *queue) promote() {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		return
 	}
-	if n := len(q.idle); n > 0 {
-		sb := q.idle[n-1]
-		q.idle[n-1] = nil
-		q.idle = q.idle[:n-1]
+	if q.idle > 0 {
+		q.idle--
 		q.mu.Unlock()
-		q.bindLeader(sb.tid)
-		sb.ev.Set(standbyLead)
+		q.standby <- struct{}{}
 		return
 	}
 	q.threads++
