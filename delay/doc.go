@@ -24,7 +24,9 @@
 // waits in ppoll(2) on an eventfd, in one sleep until NapWindow before the
 // spin and in naps of at most MaxSleep after it, until SpinWindow before the
 // earliest release time, then spins on the monotonic clock.
-// Every pass releases all requests due within the clock's Lead (EarlyWake, 100
+// A request's delay runs from its arrival at the target: what its hints
+// cost its transport (below) is part of the delay, not added to it. Every
+// pass releases all requests due within the clock's Lead (EarlyWake, 100
 // us on the real clock) in arrival order. A released request finishes the wait
 // on its own goroutine, spinning on the monotonic clock until its deadline:
 // waking a parked request on another CPU takes tens of microseconds, so
