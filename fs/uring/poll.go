@@ -74,10 +74,8 @@ import (
 // a queue about to spin first counts the machine's runnable threads (at
 // most once every sampleEvery, daemon-wide; Config.Runnable, from
 // /proc/loadavg): if those that are not the daemon's awake leaders are at
-// least as many as the CPUs in two counts in a row (a single count
-// sometimes catches threads passing by), every CPU has another thread to
-// run, and the queue sleeps instead, starting a quiet period as a
-// contended spin does.
+// least as many as the CPUs, every CPU has another thread to run, and the
+// queue sleeps instead, starting a quiet period as a contended spin does.
 // The application of a QD1 stream is one runnable thread at most, so it
 // alone never stops polling on two CPUs or more.
 type pollPolicy struct {
@@ -93,7 +91,6 @@ type pollPolicy struct {
 	quiet      atomic.Int64 // the current quiet period, ns
 	lastQuiet  atomic.Int64 // when the last quiet period started
 	lastCount  atomic.Int64 // when a queue last counted the runnable threads
-	crowdSeen  atomic.Bool  // the last count found every CPU crowded
 }
 
 // pollQueue is one queue's part of the policy: the leader's state, and
@@ -213,16 +210,10 @@ func (p *pollPolicy) count(now int64) bool {
 
 // crowded is called when queue q, about to spin at now, counted others
 // runnable threads on the machine besides the daemon's awake leaders. If
-// every CPU has one of them to run, as at the count before, it starts a
-// quiet period, as a contended spin does, and reports that q must not spin.
+// every CPU has one of them to run, it starts a quiet period, as a
+// contended spin does, and reports that q must not spin.
 func (p *pollPolicy) crowded(q *pollQueue, now int64, others int) bool {
 	if others < p.cpus {
-		p.crowdSeen.Store(false)
-		return false
-	}
-	if !p.crowdSeen.Swap(true) {
-		// One count may catch threads passing by (a kernel worker,
-		// the runtime's own): only two in a row stop polling.
 		return false
 	}
 	q.contended.Add(1)
