@@ -65,23 +65,9 @@ import (
 // comes within quietMax after the quiet period before it ended (a spin that
 // finds its request at its first look, and so sees no contention, does not
 // reset it: under a CPU-bound process on every CPU some do).
-//
-// Spins see only part of the contention: with a CPU-bound process on every
-// CPU, most spins still find their request within microseconds (the
-// scheduler runs the spinner, which used little CPU time, before the
-// process), yet every spin is a turn taken from a CPU that has another
-// thread to run, and QD1 lost 10-20% against a daemon that never polls. So
-// a queue about to spin first counts the machine's runnable threads (at
-// most once every sampleEvery, daemon-wide; Config.Runnable, from
-// /proc/loadavg): if those that are not the daemon's awake leaders are at
-// least as many as the CPUs, every CPU has another thread to run, and the
-// queue sleeps instead, starting a quiet period as a contended spin does.
-// The application of a QD1 stream is one runnable thread at most, so it
-// alone never stops polling on two CPUs or more.
 type pollPolicy struct {
 	mode int8  // pollAdaptive, pollFixed or pollOff
 	win  int64 // the window, ns
-	cpus int   // the CPUs the daemon may run on
 
 	// Daemon-wide observations, by whichever leader makes them.
 	lastDry    atomic.Int64 // when a queue last ran dry
@@ -90,7 +76,6 @@ type pollPolicy struct {
 	quietUntil atomic.Int64 // no polling before this time (contention)
 	quiet      atomic.Int64 // the current quiet period, ns
 	lastQuiet  atomic.Int64 // when the last quiet period started
-	lastCount  atomic.Int64 // when a queue last counted the runnable threads
 }
 
 // pollQueue is one queue's part of the policy: the leader's state, and
@@ -137,9 +122,6 @@ const (
 	// quietMin and quietMax bound the quiet period after a contended spin.
 	quietMin = int64(10 * time.Millisecond)
 	quietMax = int64(time.Second)
-	// sampleEvery is the least time between two counts of the machine's
-	// runnable threads.
-	sampleEvery = int64(2 * time.Millisecond)
 )
 
 const (
@@ -158,7 +140,6 @@ func (p *pollPolicy) init(cfg time.Duration) {
 		p.mode, p.win = pollFixed, int64(cfg)
 	}
 	p.quiet.Store(quietMin)
-	p.cpus = 1
 }
 
 // dry is called when queue q ran dry at now: nothing reaped is left to
@@ -198,27 +179,6 @@ func (p *pollPolicy) dry(q *pollQueue, now int64, others uint64) (spin int64, pr
 	}
 	q.skip = 1
 	return p.win, true
-}
-
-// count reports whether a queue about to spin at now counts the machine's
-// runnable threads first (crowded): at most once every sampleEvery, by one
-// queue of the daemon.
-func (p *pollPolicy) count(now int64) bool {
-	last := p.lastCount.Load()
-	return now-last >= sampleEvery && p.lastCount.CompareAndSwap(last, now)
-}
-
-// crowded is called when queue q, about to spin at now, counted others
-// runnable threads on the machine besides the daemon's awake leaders. If
-// every CPU has one of them to run, it starts a quiet period, as a
-// contended spin does, and reports that q must not spin.
-func (p *pollPolicy) crowded(q *pollQueue, now int64, others int) bool {
-	if others < p.cpus {
-		return false
-	}
-	q.contended.Add(1)
-	p.contention(now)
-	return true
 }
 
 // spun is called when a spin of queue q that dry asked for ended at now:

@@ -30,11 +30,6 @@ type pollSim struct {
 	spinLens           []int64
 	contendedAt        int64 // spins that start at or after this time report contention (0: never)
 	contendedSpinCount int
-	// crowd is how many runnable threads, besides the daemon's awake
-	// leaders, a queue about to spin counts (Config.Runnable); crowdings
-	// the spins that did not start because they were as many as the CPUs,
-	// counts how often the queues counted.
-	crowd, crowdings, counts int
 }
 
 // simQueue is what a simulated queue is doing.
@@ -110,13 +105,6 @@ func (s *pollSim) dry(qi int, t int64) {
 	if w <= 0 {
 		return
 	}
-	if s.p.count(t) {
-		s.counts++
-		if s.p.crowded(&s.q[qi], t, s.crowd) {
-			s.crowdings++
-			return
-		}
-	}
 	if probe {
 		s.probes++
 	} else {
@@ -146,7 +134,6 @@ func (s *pollSim) run(n int, pick func(int) int, next func(int, int64) int64) {
 // reset clears the counts (not the policy's state).
 func (s *pollSim) reset() {
 	s.spins, s.probes, s.dries, s.hits, s.sleeps, s.spinTime, s.maxSpin, s.spinLens = 0, 0, 0, 0, 0, 0, 0, nil
-	s.crowdings, s.counts = 0, 0
 }
 
 // steady issues each request g after the previous one completed.
@@ -389,90 +376,6 @@ func TestPollContended(t *testing.T) {
 }
 
 func (p *pollPolicy) quietUntilAfter(t int64) bool { return p.quietUntil.Load() > t }
-
-// TestPollCrowded: with as many other runnable threads as CPUs (a
-// CPU-bound process on every CPU), the daemon stops polling although its
-// spins would find their requests at once: the count of runnable threads
-// starts quiet periods, which grow to quietMax while the CPUs stay
-// crowded. The application of a QD1 stream alone does not stop it, the
-// count is taken at most every sampleEvery, and polling resumes after the
-// crowd leaves. A fixed window yields to the crowd as well.
-func TestPollCrowded(t *testing.T) {
-	s := newPollSim(2, 0)
-	s.p.cpus = 2
-	s.crowd = 1 // the application
-	start := s.now
-	s.run(1000, alternate, steady(5*us))
-	if s.spins < 900 || s.crowdings != 0 {
-		t.Fatalf("the application alone: %d polls, %d crowded dry moments in 1000 requests", s.spins, s.crowdings)
-	}
-	if most := int((s.now-start)/sampleEvery) + 1; s.counts > most {
-		t.Errorf("%d counts of the runnable threads in %v, want at most %d", s.counts, time.Duration(s.now-start), most)
-	}
-
-	// The crowd comes: the next count, within sampleEvery, finds it.
-	s.crowd = 2
-	s.reset()
-	came := s.now
-	for s.crowdings == 0 {
-		s.run(1, alternate, steady(5*us))
-	}
-	if s.now-came > sampleEvery+100*us {
-		t.Errorf("the crowd found %v after it came", time.Duration(s.now-came))
-	}
-	s.reset()
-	end := s.now + 10*int64(time.Second)
-	for s.now < end {
-		s.run(1000, alternate, steady(5*us))
-	}
-	if s.spins+s.probes > 20 || s.crowdings == 0 || s.crowdings > 20 {
-		t.Errorf("crowded for 10 s: %d polls, %d probes, %d crowded dry moments", s.spins, s.probes, s.crowdings)
-	}
-	if s.p.quiet.Load() != quietMax {
-		t.Errorf("quiet period %v after 10 s crowded, want %v", time.Duration(s.p.quiet.Load()), time.Duration(quietMax))
-	}
-	if got := s.q[0].contended.Load() + s.q[1].contended.Load(); got != uint64(s.crowdings+1) {
-		t.Errorf("%d contended counted, %d crowded dry moments", got, s.crowdings+1)
-	}
-
-	s.crowd = 1
-	s.now = s.p.quietUntil.Load()
-	s.reset()
-	s.run(100, alternate, steady(5*us))
-	if s.spins < 90 {
-		t.Errorf("%d polls in 100 requests after the crowd left", s.spins)
-	}
-
-	fixed := newPollSim(1, time.Millisecond)
-	fixed.p.cpus = 2
-	fixed.crowd = 3
-	fixed.run(100, one, steady(5*us))
-	if fixed.spins != 0 || fixed.crowdings != 1 {
-		t.Errorf("fixed 1ms, crowded: %d spins, %d crowded dry moments in 100 requests", fixed.spins, fixed.crowdings)
-	}
-}
-
-func alternate(i int) int { return i % 2 }
-
-// TestParseRunnable: the runnable threads of a /proc/loadavg line.
-func TestParseRunnable(t *testing.T) {
-	for line, want := range map[string]int{
-		"0.52 0.58 0.59 3/251 1234\n": 3, "10.00 9.50 8.25 17/1024 99\n": 17, "0.00 0.00 0.00 0/1 1": 0,
-		"0.52 0.58 0.59 3": -1, "0.52 0.58": -1, "": -1, "0.52 0.58 0.59 x/1 1": -1,
-	} {
-		n, ok := parseRunnable([]byte(line))
-		if want < 0 && ok || want >= 0 && (!ok || n != want) {
-			t.Errorf("%q: %d, %v; want %d", line, n, ok, want)
-		}
-	}
-	if l := openLoadavg(); l != nil {
-		n, ok := l.runnable()
-		l.close()
-		if !ok || n < 1 {
-			t.Errorf("/proc/loadavg: %d runnable threads (%v), want at least this one", n, ok)
-		}
-	}
-}
 
 // TestPollModes: PollOff never spins; a fixed window spins that long at
 // every dry moment, deep queue or not, except when contended.

@@ -357,11 +357,6 @@ func (q *queue) pollDry() bool {
 	if q.r.queued() > 0 {
 		q.r.submit()
 	}
-	if run := q.s.cfg.Runnable; run != nil && p.count(now) {
-		if n, ok := run(); ok && p.crowded(&q.poll, now, n-q.s.awake()) {
-			return false
-		}
-	}
 	hit, contended := q.spin(w, true)
 	p.spun(&q.poll, q.s.clock.Nanotime(), hit, q.s.others(q), contended, probe)
 	return hit

@@ -66,12 +66,6 @@ type Config struct {
 	// Clock is the time source of the watchdog and of polling (nil: the
 	// monotonic clock).
 	Clock clock.Clock
-	// Runnable returns how many threads are runnable on the machine now,
-	// running or queued on any CPU, and whether it knows: polling stops
-	// while the CPUs have other threads to run (see pollPolicy). New
-	// reads /proc/loadavg if it is nil; without one, only the spins
-	// themselves detect contention.
-	Runnable func() (int, bool)
 	// IOContext and FUAContext are the contexts Server.Context derives a
 	// request's context from: IOContext for every request, FUAContext for
 	// WRITEs with O_DSYNC (nil: context.Background()).
@@ -135,7 +129,6 @@ type Server struct {
 
 	expectMargin int64 // Config.ExpectMargin, ns; negative: off
 	poll         pollPolicy
-	load         *loadavg // Config.Runnable's file, if New opened it
 
 	// byCancel maps each entry's cancel channel to the entry, for Context;
 	// replaced as a whole (under mu) when an interrupt renews a channel.
@@ -217,14 +210,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		rings, mems = append(rings, r), append(mems, mem)
 	}
-	var load *loadavg
-	if cfg.Runnable == nil {
-		if load = openLoadavg(); load != nil {
-			cfg.Runnable = load.runnable
-		}
-	}
 	s := newServer(cfg, rings, mems)
-	s.load = load
 	for _, q := range s.queues {
 		q.unmap = true
 	}
@@ -272,7 +258,6 @@ func newServer(cfg Config, rings []ring, mems [][]byte) *Server {
 	}
 	s.dog = newWatchdog(s, int64(cfg.TakeoverAfter))
 	s.poll.init(cfg.Poll)
-	s.poll.cpus = max(s.cpus.Count(), 1)
 	m := make(map[<-chan struct{}]*entry, len(rings)*cfg.Depth)
 	for i, r := range rings {
 		q := newQueue(s, i, r, mems[i])
@@ -296,19 +281,6 @@ func (s *Server) others(q *queue) uint64 {
 	return n
 }
 
-// awake returns how many queues' leaders are not asleep in io_uring_enter:
-// the daemon's own runnable threads, as the machine's count of runnable
-// threads sees them.
-func (s *Server) awake() int {
-	n := 0
-	for _, q := range s.queues {
-		if q.sleeping.Load() == 0 {
-			n++
-		}
-	}
-	return n
-}
-
 // release frees rings and buffers of queues that have no threads.
 func (s *Server) release() {
 	for _, q := range s.queues {
@@ -317,10 +289,6 @@ func (s *Server) release() {
 	if s.fd >= 0 {
 		unix.Close(s.fd)
 		s.fd = -1
-	}
-	if s.load != nil {
-		s.load.close()
-		s.load = nil
 	}
 }
 
