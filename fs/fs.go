@@ -179,9 +179,9 @@ func Mount(dir string, m *stack.Manager, o Options) (*Server, error) {
 	if o.ReleaseAfter > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		rel := newReleaser(m, o.ReleaseAfter, &s.releases)
-		t := time.NewTicker(rel.tick())
-		go rel.run(ctx, t.C)
-		go func() { s.Wait(); cancel(); t.Stop() }()
+		r.rel.Store(rel)
+		go rel.run(ctx)
+		go func() { s.Wait(); cancel() }()
 	}
 	return s, nil
 }
@@ -191,6 +191,7 @@ type root struct {
 	gofs.Inode
 	mgr  *stack.Manager
 	ring atomic.Pointer[uring.Server] // the io_uring transport, once it serves
+	rel  atomic.Pointer[releaser]     // gives memory back after I/O (Options.ReleaseAfter)
 
 	interruptible bool // Options.Interruptible
 }
@@ -417,8 +418,12 @@ var fuaCtx = stack.WithFUA(ioCtx)
 // writes itself) and, with Options.Interruptible, ends when the request is
 // interrupted. On /dev/fuse with Options.Interruptible it is go-fuse's
 // context, which ends when the request is interrupted, except for writes
-// rawFS marked durable (their cancel channel stands for the mark).
+// rawFS marked durable (their cancel channel stands for the mark). Every
+// device request passes here, so it also wakes a parked releaser.
 func (n *devNode) ioContext(ctx context.Context) context.Context {
+	if rel := n.root.rel.Load(); rel != nil {
+		rel.request()
+	}
 	fc, ok := ctx.(*fuse.Context)
 	if !ok {
 		return ioCtx

@@ -190,8 +190,14 @@ func (s *Server) URingStats() uring.Stats {
 // after: the buffers go-fuse keeps in its sync.Pools survive until the
 // second collection after their last use, and the Go runtime returns freed
 // pages only gradually, so a daemon that was busy would otherwise keep its
-// peak for minutes. Two collections empty the pools, FreeOSMemory returns
-// the pages. It runs once per idle period, not again until I/O resumes.
+// peak for minutes. Two collections empty the pools (FreeOSMemory's is the
+// second) and return the pages. It runs once per idle period, not again
+// until I/O resumes.
+//
+// It looks at the devices every tick while there is something to give back
+// and parks otherwise (before the first request, and after a release), so
+// that an idle daemon has no timer to wake for: the next request wakes it
+// (seen).
 type releaser struct {
 	after time.Duration
 	// activity returns a count that changes whenever a request is served,
@@ -203,6 +209,13 @@ type releaser struct {
 	last  uint64        // activity count at the previous tick
 	quiet time.Duration // how long it has not changed
 	done  bool          // released since the last I/O (or no I/O yet)
+
+	// seen, parked and kick wake a parked releaser: seen is set by the
+	// first request after the releaser last cleared it, parked while the
+	// releaser waits for kick (a request that finds it parked sends one).
+	seen   atomic.Bool
+	parked atomic.Bool
+	kick   chan struct{}
 }
 
 // newReleaser watches the devices of m.
@@ -212,11 +225,11 @@ func newReleaser(m *stack.Manager, after time.Duration, released *atomic.Uint64)
 		activity: func() (uint64, bool) { return deviceActivity(m) },
 		release: func() {
 			runtime.GC()
-			runtime.GC()
-			debug.FreeOSMemory()
+			debug.FreeOSMemory() // collects again, then returns the pages
 			released.Add(1)
 		},
 		done: true, // nothing to give back before the first I/O
+		kick: make(chan struct{}, 1),
 	}
 	r.last, _ = r.activity()
 	return r
@@ -251,14 +264,58 @@ func (r *releaser) observe(count uint64, inFlight bool) bool {
 	return true
 }
 
-// run looks at the devices at every tick until ctx ends.
-func (r *releaser) run(ctx context.Context, ticks <-chan time.Time) {
+// request is called for every request the devices get: it wakes a parked
+// releaser. Once a request has been seen, the next ones only load a flag.
+func (r *releaser) request() {
+	if r.seen.Load() {
+		return
+	}
+	r.seen.Store(true)
+	if r.parked.CompareAndSwap(true, false) {
+		r.kick <- struct{}{}
+	}
+}
+
+// park waits, once there is nothing to give back, until a request comes
+// (true) or ctx ends (false). A request seen since the last park makes it
+// return at once: the devices' counts show it at the next tick.
+func (r *releaser) park(ctx context.Context) bool {
+	r.parked.Store(true)
+	// A request stores seen before it loads parked, and this stores
+	// parked before it loads seen: one of the two sees the other.
+	if r.seen.Swap(false) {
+		if !r.parked.CompareAndSwap(true, false) {
+			<-r.kick // a request unparked it and sends a kick
+		}
+		return true
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.kick:
+		return true
+	}
+}
+
+// run looks at the devices at every tick until ctx ends, parked while
+// there is nothing to give back.
+func (r *releaser) run(ctx context.Context) {
+	t := time.NewTimer(r.tick())
+	defer t.Stop()
 	for {
+		if r.done {
+			t.Stop()
+			if !r.park(ctx) {
+				return
+			}
+			t.Reset(r.tick())
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-ticks:
+		case <-t.C:
 		}
+		t.Reset(r.tick())
 		if r.observe(r.activity()) {
 			r.release()
 		}

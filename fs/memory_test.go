@@ -1,7 +1,9 @@
 package fs
 
 import (
+	"context"
 	"math/bits"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,5 +133,60 @@ func TestReleaser(t *testing.T) {
 		if got := (&releaser{after: c.after}).tick(); got != c.tick {
 			t.Errorf("after %v: tick %v, want %v", c.after, got, c.tick)
 		}
+	}
+}
+
+// TestReleaserParks: the releaser looks at the devices only between a
+// request and the release that follows it; before the first request and
+// after a release it waits for the next request without a timer.
+func TestReleaserParks(t *testing.T) {
+	var calls, count atomic.Uint64
+	released := make(chan struct{}, 4)
+	r := &releaser{after: 40 * time.Millisecond, done: true, kick: make(chan struct{}, 1),
+		activity: func() (uint64, bool) { calls.Add(1); return count.Load(), false },
+		release:  func() { released <- struct{}{} }}
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan struct{})
+	go func() { r.run(ctx); close(ended) }()
+	defer func() { cancel(); <-ended }()
+
+	quiet := func(when string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !r.parked.Load() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not parked after 5 s", when)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(3 * r.tick()) // a park that a stale request undid
+		n := calls.Load()
+		time.Sleep(5 * r.tick())
+		if got := calls.Load(); got != n || !r.parked.Load() {
+			t.Errorf("%s: %d looks at the devices in 5 ticks, parked %v", when, got-n, r.parked.Load())
+		}
+	}
+	burst := func(when string) {
+		t.Helper()
+		for range 3 {
+			r.request()
+			count.Add(1)
+		}
+		select {
+		case <-released:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no release 5 s after a request", when)
+		}
+	}
+	quiet("before any request")
+	if calls.Load() != 0 {
+		t.Errorf("%d looks at the devices before any request", calls.Load())
+	}
+	burst("first burst")
+	quiet("after the first release")
+	burst("second burst")
+	quiet("after the second release")
+	if n := len(released); n != 0 {
+		t.Errorf("%d releases more than bursts", n)
 	}
 }

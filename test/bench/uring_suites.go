@@ -272,11 +272,14 @@ func (b *ubench) delay(ctx context.Context) error {
 
 // idleCPU measures, for each daemon in turn, a QD1 randread run on its
 // linear device (CPU per 1k IOPS) and then its CPU while nothing does I/O
-// for b.idle: in the first second and after it.
+// for b.idle: in the first second and after it, from /proc/PID/stat (10 ms
+// ticks) and from the threads' schedstat (nanoseconds, and how often a
+// thread ran: the daemon's wake-ups).
 func (b *ubench) idleCPU(ctx context.Context) error {
 	type idleResult struct {
 		load          urun
-		first, steady float64 // ms of CPU in the first second; ms/s after it
+		first, steady float64 // ms of CPU in the first second; ms/s after it (ticks)
+		exact, runs   float64 // ms/s and thread runs a second after it (schedstat)
 	}
 	var out []idleResult
 	logf("idle: %d daemons, %v of QD1 load then %v idle each", len(b.configs), b.runtime, b.idle)
@@ -291,23 +294,27 @@ func (b *ubench) idleCPU(ctx context.Context) error {
 			return err
 		}
 		c1, t1 := benchkit.CPUTime(c.pid), time.Now()
+		x1, r1 := benchkit.ThreadCPU(c.pid)
 		if err := benchkit.Sleep(ctx, b.idle-time.Since(t0)); err != nil {
 			return err
 		}
 		c2, t2 := benchkit.CPUTime(c.pid), time.Now()
+		x2, r2 := benchkit.ThreadCPU(c.pid)
 		ir.first = float64((c1 - c0).Microseconds()) / 1e3 / t1.Sub(t0).Seconds()
 		ir.steady = float64((c2 - c1).Microseconds()) / 1e3 / t2.Sub(t1).Seconds()
+		ir.exact = float64((x2 - x1).Microseconds()) / 1e3 / t2.Sub(t1).Seconds()
+		ir.runs = float64(r2-r1) / t2.Sub(t1).Seconds()
 		out = append(out, ir)
 	}
 
 	w := &b.w
-	fmt.Fprintf(w, "### Daemon CPU, idle and at QD1\n\nFor each daemon in turn: %s on its linear device for %v (daemon CPU over the middle of the run), then no I/O for %v: daemon CPU (utime+stime of /proc/PID/stat, 10 ms ticks) in the first second after the load stopped, and over the rest.\n\n",
+	fmt.Fprintf(w, "### Daemon CPU, idle and at QD1\n\nFor each daemon in turn: %s on its linear device for %v (daemon CPU over the middle of the run), then no I/O for %v: daemon CPU in the first second after the load stopped and over the rest, from utime+stime of /proc/PID/stat (10 ms ticks) and, after the first second, from the threads' /proc/PID/task/TID/schedstat (ns; with how many times a thread was switched to, a second: the daemon's wake-ups).\n\n",
 		jobNamed("randread").title, b.runtime, b.idle)
-	table(w, []string{"daemon", "QD1 IOPS", "daemon CPU at QD1", "CPU per 1k IOPS", "idle: first second", "idle: after it"})
+	table(w, []string{"daemon", "QD1 IOPS", "daemon CPU at QD1", "CPU per 1k IOPS", "idle: first second", "idle: after it", "idle: after it (schedstat)", "thread runs / s"})
 	for i, c := range b.configs {
 		ir := out[i]
-		fmt.Fprintf(w, "| %s | %s | %.2f cores | %.1f ms/s | %.0f ms/s | %.1f ms/s |\n", c.name, kilo(ir.load.iops), ir.load.cpu,
-			ir.load.cpu*1e6/ir.load.iops, ir.first, ir.steady)
+		fmt.Fprintf(w, "| %s | %s | %.2f cores | %.1f ms/s | %.0f ms/s | %.1f ms/s | %.2f ms/s | %.1f |\n", c.name, kilo(ir.load.iops), ir.load.cpu,
+			ir.load.cpu*1e6/ir.load.iops, ir.first, ir.steady, ir.exact, ir.runs)
 	}
 	fmt.Fprintln(w)
 	return nil

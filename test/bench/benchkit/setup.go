@@ -163,6 +163,32 @@ func CPUTime(pid int) time.Duration {
 	return time.Duration(u+st) * (time.Second / 100)
 }
 
+// ThreadCPU returns the CPU time of process pid's threads in nanoseconds
+// and how many times they were switched to (the first and third fields of
+// each /proc/PID/task/TID/schedstat), summed over the threads alive now: a
+// thread that ended between two readings takes its share with it.
+func ThreadCPU(pid int) (cpu time.Duration, runs int64) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "schedstat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 3 {
+			continue
+		}
+		ns, _ := strconv.ParseInt(f[0], 10, 64)
+		n, _ := strconv.ParseInt(f[2], 10, 64)
+		cpu, runs = cpu+time.Duration(ns), runs+n
+	}
+	return cpu, runs
+}
+
 // Loadavg returns the 1, 5 and 15 minute load averages ("?" if unknown).
 func Loadavg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
