@@ -58,14 +58,19 @@ func benchDevs(b testing.TB, empty bool, features string) (lin, th *stack.Device
 	}
 	th = mk("thin", fmt.Sprintf("0 %d thin pool 1", size/512))
 	if !empty {
-		buf := make([]byte, 1<<20)
-		for off := int64(0); off < size; off += int64(len(buf)) {
-			if _, err := th.WriteAt(context.Background(), buf, off); err != nil {
-				b.Fatal(err)
-			}
-		}
+		writeAll(b, th, size)
 	}
 	return lin, th
+}
+
+// writeAll writes the first size bytes of d, 1 MiB at a time.
+func writeAll(tb testing.TB, d *stack.Device, size int64) {
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		if _, err := d.WriteAt(context.Background(), buf, off); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
 
 // BenchmarkIO: 4 KiB random reads and writes from 32 goroutines on a
@@ -240,12 +245,7 @@ func provisionRig(b *testing.B, size int64, features string, provisioned bool) (
 		b.Fatal(err)
 	}
 	if provisioned {
-		buf := make([]byte, 1<<20)
-		for off := int64(0); off < size; off += int64(len(buf)) {
-			if _, err := th.WriteAt(context.Background(), buf, off); err != nil {
-				b.Fatal(err)
-			}
-		}
+		writeAll(b, th, size)
 	}
 	return m, th
 }
