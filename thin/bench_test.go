@@ -20,30 +20,11 @@ import (
 // blocks), the thin device fully provisioned unless empty is set.
 func benchDevs(b testing.TB, empty bool, features string) (lin, th *stack.Device) {
 	const size = 64 << 20
-	reg, err := stack.NewRegistry(PoolType, Type, stack.Linear)
-	if err != nil {
-		b.Fatal(err)
-	}
 	mems := stacktest.Opener{
 		"meta": stacktest.NewMemDevice("meta", 16<<20), "data": stacktest.NewMemDevice("data", size),
 		"plain": stacktest.NewMemDevice("plain", size),
 	}
-	for _, name := range []string{"data", "plain"} {
-		// Touch every page, so that the runs measure no page faults.
-		b := mems[name].(*stacktest.MemDevice).Bytes()
-		for i := 0; i < len(b); i += 4096 {
-			b[i] = 1
-		}
-	}
-	var m *stack.Manager
-	m = stack.NewManager(stack.ManagerOptions{Registry: reg, Context: context.Background(), Clock: &clock.Manual{},
-		Open: func(arg string) (stack.BlockDevice, error) {
-			if d := m.Lookup(arg); d != nil {
-				return d, nil
-			}
-			return mems.Open(arg)
-		}})
-	b.Cleanup(func() { m.RemoveAll(stack.Flags{}) })
+	m := benchManager(b, mems, "data", "plain")
 	mk := func(name, table string) *stack.Device {
 		d, err := m.Create(stack.CreateOptions{Name: name, Minor: -1, Table: table})
 		if err != nil {
@@ -61,6 +42,33 @@ func benchDevs(b testing.TB, empty bool, features string) (lin, th *stack.Device
 		writeAll(b, th, size)
 	}
 	return lin, th
+}
+
+// benchManager returns a Manager with the thin types and linear over the
+// on-disk metadata format, whose tables open mapped devices, then mems;
+// every page of the memory devices named in touch is touched first, so
+// that the runs measure no page faults.
+func benchManager(tb testing.TB, mems stacktest.Opener, touch ...string) *stack.Manager {
+	reg, err := stack.NewRegistry(PoolType, Type, stack.Linear)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, name := range touch {
+		b := mems[name].(*stacktest.MemDevice).Bytes()
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+	}
+	var m *stack.Manager
+	m = stack.NewManager(stack.ManagerOptions{Registry: reg, Context: context.Background(), Clock: &clock.Manual{},
+		Open: func(arg string) (stack.BlockDevice, error) {
+			if d := m.Lookup(arg); d != nil {
+				return d, nil
+			}
+			return mems.Open(arg)
+		}})
+	tb.Cleanup(func() { m.RemoveAll(stack.Flags{}) })
+	return m
 }
 
 // writeAll writes the first size bytes of d, 1 MiB at a time.
@@ -215,24 +223,8 @@ func BenchmarkProvision(b *testing.B) {
 // times over, and thin device 1 of size (as "thin"), written once when
 // provisioned is set.
 func provisionRig(b *testing.B, size int64, features string, provisioned bool) (*stack.Manager, *stack.Device) {
-	reg, err := stack.NewRegistry(PoolType, Type, stack.Linear)
-	if err != nil {
-		b.Fatal(err)
-	}
 	mems := stacktest.Opener{"meta": stacktest.NewMemDevice("meta", 16<<20), "data": stacktest.NewMemDevice("data", 3*size)}
-	data := mems["data"].(*stacktest.MemDevice).Bytes()
-	for i := 0; i < len(data); i += 4096 {
-		data[i] = 1 // no page faults in the runs
-	}
-	var m *stack.Manager
-	m = stack.NewManager(stack.ManagerOptions{Registry: reg, Context: context.Background(), Clock: &clock.Manual{},
-		Open: func(arg string) (stack.BlockDevice, error) {
-			if d := m.Lookup(arg); d != nil {
-				return d, nil
-			}
-			return mems.Open(arg)
-		}})
-	b.Cleanup(func() { m.RemoveAll(stack.Flags{}) })
+	m := benchManager(b, mems, "data")
 	if _, err := m.Create(stack.CreateOptions{Name: "pool", Minor: -1,
 		Table: strings.TrimSpace(fmt.Sprintf("0 %d thin-pool meta data 128 0 %s", 3*size/512, features))}); err != nil {
 		b.Fatal(err)
