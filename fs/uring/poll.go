@@ -49,7 +49,8 @@ import (
 // its wake-up, is measured again at once by a probe), as an upper bound
 // when it slept (its
 // wake-up is in the gap: dense if at most sparseGap, sparse if longer than
-// sparseGap+wakeSlack, else nothing). Either way the gap runs from the
+// sparseGap+wakeSlack, else nothing; as only the short gaps are seen, such
+// dense observations alone never turn polling on). Either way the gap runs from the
 // daemon's last dry moment on any queue. A spin that ends without a request
 // on its own queue is sparse unless a request arrived on another queue
 // during it (that queue then observes the gap).
@@ -109,10 +110,15 @@ const (
 	// after it slept.
 	wakeSlack = int64(200 * time.Microsecond)
 	// scoreMax, scoreOn: the density score's bound, and the least at
-	// which queues poll; scoreStep is what one observation moves it.
+	// which queues poll. A dense observation raises it by scoreUp, a
+	// sparse one lowers it by scoreDown: queues keep polling only while
+	// more than scoreDown/(scoreUp+scoreDown) of the gaps are dense, not
+	// when gaps straddle sparseGap (a rate-limited application whose
+	// gaps are about sparseGap long).
 	scoreMax  = 16
 	scoreOn   = 8
-	scoreStep = 4
+	scoreUp   = 1
+	scoreDown = 4
 	// probeMin and probeMax bound probeEvery.
 	probeMin = 8
 	probeMax = 256
@@ -245,8 +251,11 @@ func (p *pollPolicy) woke(q *pollQueue, now int64) {
 	p.lastExact.Store(false)
 	switch {
 	case g <= sparseGap:
-		p.observe(true)
-		q.nextProbe(true)
+		// Only gaps short enough are seen as dense here, the
+		// others are not seen at all: this evidence is one-sided,
+		// so it alone does not turn polling on (a spin must see a
+		// dense gap too), nor does it shorten the probing interval.
+		p.observeWoken()
 	case g > sparseGap+wakeSlack:
 		p.observe(false)
 		q.nextProbe(false)
@@ -257,9 +266,9 @@ func (p *pollPolicy) woke(q *pollQueue, now int64) {
 func (p *pollPolicy) observe(dense bool) {
 	for {
 		s := p.score.Load()
-		n := s - scoreStep
+		n := s - scoreDown
 		if dense {
-			n = s + scoreStep
+			n = s + scoreUp
 		}
 		n = min(max(n, 0), scoreMax)
 		if p.score.CompareAndSwap(s, n) {
@@ -268,12 +277,25 @@ func (p *pollPolicy) observe(dense bool) {
 	}
 }
 
-// nextProbe lengthens the probing interval of q after sparse gaps, and
-// resets it after a dense one.
+// observeWoken records a dense gap seen by a queue that slept: it raises
+// the score by scoreUp up to scoreOn-1.
+func (p *pollPolicy) observeWoken() {
+	for {
+		s := p.score.Load()
+		if s >= scoreOn-1 || p.score.CompareAndSwap(s, min(s+scoreUp, scoreOn-1)) {
+			return
+		}
+	}
+}
+
+// nextProbe doubles the probing interval of q after a sparse gap, and
+// halves it after a dense one.
 func (q *pollQueue) nextProbe(dense bool) {
 	switch {
-	case dense || q.probeEvery == 0:
+	case q.probeEvery == 0:
 		q.probeEvery = probeMin
+	case dense:
+		q.probeEvery = max(q.probeEvery/2, probeMin)
 	case q.probeEvery < probeMax:
 		q.probeEvery *= 2
 	}
