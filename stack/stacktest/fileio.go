@@ -2,7 +2,6 @@ package stacktest
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -17,23 +16,28 @@ type deviceIO interface {
 
 // fileIO does the suite's I/O through a device file, with the system calls
 // a user of the file makes: pread and pwrite, which return a short count
-// at the end of the device and the errno of a failure, and fsync.
-type fileIO struct{ f *os.File }
+// at the end of the device and the errno of a failure, and fsync. The file
+// is opened with open(2), not os.OpenFile: the Go runtime adds a file that
+// os opens to its epoll set, which on a FUSE file sends FUSE_POLL to the
+// daemon, and a daemon serving the mount from this process cannot answer
+// while a garbage collection stops the world, which waits for the thread
+// blocked in epoll_ctl.
+type fileIO struct{ fd int }
 
 // openFileIO opens the device file at path for the rest of the test.
 func openFileIO(t testing.TB, path string) fileIO {
 	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatalf("opening the device file: %v", err)
 	}
-	t.Cleanup(func() { f.Close() })
-	return fileIO{f}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fileIO{fd}
 }
 
 func (f fileIO) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	for {
-		n, err := unix.Pread(int(f.f.Fd()), p, off)
+		n, err := unix.Pread(f.fd, p, off)
 		if err == unix.EINTR {
 			continue
 		}
@@ -46,7 +50,7 @@ func (f fileIO) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 
 func (f fileIO) WriteAt(_ context.Context, p []byte, off int64) (int, error) {
 	for {
-		n, err := unix.Pwrite(int(f.f.Fd()), p, off)
+		n, err := unix.Pwrite(f.fd, p, off)
 		if err == unix.EINTR {
 			continue
 		}
@@ -59,7 +63,7 @@ func (f fileIO) WriteAt(_ context.Context, p []byte, off int64) (int, error) {
 
 func (f fileIO) Flush(context.Context) error {
 	for {
-		if err := unix.Fsync(int(f.f.Fd())); err != unix.EINTR {
+		if err := unix.Fsync(f.fd); err != unix.EINTR {
 			return err
 		}
 	}
