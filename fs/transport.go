@@ -220,7 +220,7 @@ func newRings(o Options, maxWrite int) (*uring.Server, error) {
 // answer FUSE_INIT on it (asking for FUSE_OVER_IO_URING), then registers the
 // rings on the same connection and reads /dev/fuse with ServeDev; if the
 // rings cannot serve, go-fuse's loop serves /dev/fuse.
-func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Options, rs *uring.Server) (*Server, error) {
+func mountURing(dir string, top gofs.InodeEmbedder, opts *gofs.Options, o Options, rs *uring.Server) (*Server, error) {
 	mo := opts.MountOptions
 	mo.DirectMount, mo.DirectMountStrict = false, false
 	mo.ExtraCapabilities |= fuse.CAP_OVER_IO_URING
@@ -231,7 +231,7 @@ func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Optio
 	}
 	nopts := *opts
 	nopts.MountOptions = mo
-	nodes := gofs.NewNodeFS(root, &nopts)
+	nodes := gofs.NewNodeFS(top, &nopts)
 	raw := rawFS{nodes}
 	// NewServer answers FUSE_INIT before it returns. Nothing else reaches
 	// /dev/fuse before a loop reads it.
@@ -256,7 +256,11 @@ func mountURing(dir string, root gofs.InodeEmbedder, opts *gofs.Options, o Optio
 	}
 	// The rings mark durable writes themselves (Server.Context), without
 	// rawFS, which would hide the request's cancel channel.
-	if err := rs.Start(fd, nodes); err != nil {
+	var served fuse.RawFileSystem = nodes
+	if r, ok := top.(*root); ok {
+		served = newRingFS(nodes, r)
+	}
+	if err := rs.Start(fd, served); err != nil {
 		// A refused registration makes the kernel fall back to /dev/fuse.
 		go srv.Serve()
 		o.logf("transport /dev/fuse: io_uring registration failed, falling back: %v", err)

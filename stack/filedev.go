@@ -21,9 +21,13 @@ type fileDev struct {
 	name   string // as table prints it: absolute path or MAJOR:MINOR
 	size   int64
 	block  bool
-	memory bool   // a file in memory (tmpfs, ramfs): a sync never waits for a disk
-	rdev   uint64 // a block device's number
-	limits Limits
+	memory bool // a file in memory (tmpfs, ramfs): a sync never waits for a disk
+	// asyncRead: io_uring reads the file without a worker thread (the
+	// file's system takes non-blocking reads: a block device, ext4, xfs,
+	// btrfs), which DirectIO needs to beat pread.
+	asyncRead bool
+	rdev      uint64 // a block device's number
+	limits    Limits
 }
 
 var (
@@ -61,6 +65,10 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 		var fs unix.Statfs_t
 		if unix.Fstatfs(d.fd, &fs) == nil {
 			d.memory = fs.Type == unix.TMPFS_MAGIC || fs.Type == unix.RAMFS_MAGIC
+			switch fs.Type {
+			case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC:
+				d.asyncRead = true
+			}
 		}
 	case st.Mode()&os.ModeDevice != 0 && st.Mode()&os.ModeCharDevice == 0:
 		var sz uint64
@@ -68,7 +76,7 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 			f.Close()
 			return nil, fmt.Errorf("%s: BLKGETSIZE64: %w", path, e)
 		}
-		d.size, d.block = int64(sz), true
+		d.size, d.block, d.asyncRead = int64(sz), true, true
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 			d.rdev = sys.Rdev
 			d.limits = blockLimits(unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)))

@@ -44,6 +44,17 @@ func (g *gate) enter(ctx context.Context) (int, error) {
 	}
 }
 
+// tryEnter admits one I/O unless the gate is closed; it never waits.
+func (g *gate) tryEnter() (int, bool) {
+	i := int(rand.Uint32() & (gateShards - 1))
+	g.shards[i].n.Add(1)
+	if !g.blocked.Load() {
+		return i, true
+	}
+	g.exit(i)
+	return 0, false
+}
+
 // exit lets one I/O out.
 func (g *gate) exit(i int) {
 	g.shards[i].n.Add(-1)

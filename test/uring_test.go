@@ -226,3 +226,59 @@ func TestURingLargeRequests(t *testing.T) {
 		t.Errorf("%d offloaded requests, want at least 32\n%s", n, regexp.MustCompile(`(?m)^dmfuse_uring.*$`).FindAll(body, -1))
 	}
 }
+
+// TestURingDirectReads: READs of a linear device over a file on a disk file
+// system are read from the file through the queues' rings (counted in
+// dmfuse_uring_direct_total), and return what the writes before them
+// wrote, as the device's statistics count them.
+func TestURingDirectReads(t *testing.T) {
+	requireURing(t)
+	requireTool(t, "fio")
+	dir := diskTempDir(t)
+	sparseFile(t, filepath.Join(dir, "a.img"), 16<<20)
+	d := startDaemon(t, dir, "lin,,,rw,0 32768 linear ./a.img 0;", "--transport", "uring", "--metrics-addr", "127.0.0.1:0")
+	mustLog(t, d, "transport io_uring")
+	run(t, "fio", "--name=small", "--filename="+d.path("lin"), "--direct=1", "--bsrange=4k-16k", "--rw=randwrite",
+		"--ioengine=io_uring", "--iodepth=8", "--numjobs=2", "--size=4m", "--offset_increment=4m",
+		"--verify=crc32c", "--do_verify=1", "--verify_state_save=0")
+	body := scrape(t, d)
+	n := scraped(t, body, "dmfuse_uring_direct_total")
+	// 2 jobs x 4 MiB verified in requests of at most 16 KiB.
+	if n < 2*4<<20/(16<<10) {
+		t.Errorf("%d reads through the rings, want at least %d\n%s", n, 2*4<<20/(16<<10), regexp.MustCompile(`(?m)^dmfuse_uring.*$`).FindAll(body, -1))
+	}
+	b, err := os.ReadFile(d.path("stats", "lin", "stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reads, _ := strconv.Atoi(strings.Fields(string(b))[0]); reads < n {
+		t.Errorf("the device counted %d reads, %d went through the rings", reads, n)
+	}
+}
+
+// diskTempDir returns a temporary folder on a disk file system whose files
+// io_uring reads without a worker thread (ext4, xfs, btrfs): the test's,
+// or one under /var/tmp.
+func diskTempDir(t *testing.T) string {
+	t.Helper()
+	for _, dir := range []string{t.TempDir(), "/var/tmp"} {
+		var st unix.Statfs_t
+		if unix.Statfs(dir, &st) != nil {
+			continue
+		}
+		switch st.Type {
+		case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC:
+			if dir == "/var/tmp" {
+				d, err := os.MkdirTemp(dir, "dmfuse-test-")
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { os.RemoveAll(d) })
+				return d
+			}
+			return dir
+		}
+	}
+	t.Skip("no ext4, xfs or btrfs folder for the backing file")
+	return ""
+}

@@ -177,6 +177,7 @@ func memoryMetrics(srv *fs.Server) *metrics.Set {
 			{`dmfuse_uring_handoffs_total{cause="watchdog"}`, u.Watchdog},
 			{"dmfuse_uring_interrupts_total", u.Interrupts},
 			{"dmfuse_uring_offloaded_total", u.Offloaded},
+			{"dmfuse_uring_direct_total", u.Direct},
 			{"dmfuse_uring_polls_total", u.Polls},
 			{"dmfuse_uring_poll_probes_total", u.Probes},
 			{"dmfuse_uring_poll_hits_total", u.PollHits},

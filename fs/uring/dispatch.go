@@ -108,6 +108,12 @@ type entry struct {
 
 	next *entry // in the queue's list of finished entries
 
+	// dio is the entry's READ or WRITE on a file while it runs there
+	// (Direct), of dioLen bytes.
+	dio      DirectIO
+	dioLen   int
+	dioWrite bool
+
 	// expectAt is when the running request said it would complete
 	// (Expecting), by the server's clock; 0: it did not say.
 	expectAt atomic.Int64

@@ -22,9 +22,11 @@ type fakeRing struct {
 	mu      sync.Mutex
 	cond    sync.Cond
 	ents    []entry
-	free    []int // entries armed for a request
-	cq      []int // entries holding a request the queue has not reaped
-	sq      []int // commits queued, not submitted
+	free    []int     // entries armed for a request
+	cq      []int     // entries holding a request the queue has not reaped
+	sq      []int     // commits queued, not submitted
+	rws     []fakeRW  // reads and writes on files queued, not submitted
+	dcq     []fakeCQE // their completions, not reaped
 	woken   bool
 	replies chan fakeReply
 	waits   int // calls of wait that slept
@@ -36,6 +38,26 @@ type fakeRing struct {
 	// fire ends a timed wait as its timer would.
 	timeouts []int64
 	fired    bool
+}
+
+// fakeRW is a read or write on a file queued on a fakeRing (Direct).
+type fakeRW struct {
+	ud    uint64
+	write bool
+	fd    int32
+	buf   []byte
+	off   int64
+}
+
+// fakeCQE is the completion of a fakeRW.
+type fakeCQE struct {
+	ud  uint64
+	res int32
+}
+
+func (r *fakeRing) rw(e *entry, write bool, fd int32, buf []byte, off int64) bool {
+	r.rws = append(r.rws, fakeRW{udDirect | uint64(e.idx), write, fd, buf, off})
+	return true
 }
 
 type fakeReply struct {
@@ -66,11 +88,25 @@ func (r *fakeRing) commit(e *entry) bool {
 	return true
 }
 
-func (r *fakeRing) queued() int { return len(r.sq) }
+func (r *fakeRing) queued() int { return len(r.sq) + len(r.rws) }
 
 func (r *fakeRing) submit() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for _, w := range r.rws {
+		var n int
+		var err error
+		if w.write {
+			n, err = unix.Pwrite(int(w.fd), w.buf, w.off)
+		} else {
+			n, err = unix.Pread(int(w.fd), w.buf, w.off)
+		}
+		if err != nil {
+			n = -int(err.(unix.Errno))
+		}
+		r.dcq = append(r.dcq, fakeCQE{w.ud, int32(n)})
+	}
+	r.rws = r.rws[:0]
 	for _, i := range r.sq {
 		e := &r.ents[i]
 		o := (*fuse.OutHeader)(unsafe.Pointer(&e.hdr[hdrInOut]))
@@ -86,14 +122,14 @@ func (r *fakeRing) wait(timeout int64) error {
 	r.submit()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	slept := len(r.cq) == 0 && !r.woken
+	slept := len(r.cq) == 0 && len(r.dcq) == 0 && !r.woken
 	if slept {
 		r.waits++
 		r.timeouts = append(r.timeouts, timeout)
 		r.fired = false
 		r.asleep++
 	}
-	for len(r.cq) == 0 && !r.woken && !(timeout > 0 && r.fired) {
+	for len(r.cq) == 0 && len(r.dcq) == 0 && !r.woken && !(timeout > 0 && r.fired) {
 		r.cond.Wait()
 	}
 	if slept {
@@ -121,6 +157,11 @@ func (r *fakeRing) sleeps() []int64 {
 func (r *fakeRing) next() (uint64, int32, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if len(r.dcq) > 0 {
+		c := r.dcq[0]
+		r.dcq = r.dcq[1:]
+		return c.ud, c.res, true
+	}
 	if len(r.cq) == 0 {
 		return 0, 0, false
 	}
@@ -132,7 +173,7 @@ func (r *fakeRing) next() (uint64, int32, bool) {
 func (r *fakeRing) ready() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.cq) > 0
+	return len(r.cq) > 0 || len(r.dcq) > 0
 }
 
 func (r *fakeRing) wake() {

@@ -44,9 +44,12 @@ type queue struct {
 	dead     int
 	seq      uint64 // sequence number of the last request handled inline
 	poll     pollQueue
-	inflight int   // requests reaped and not committed yet
-	expired  int64 // the last expected completion time the leader spun past
-	slept    bool  // the leader slept since it last ran dry
+	inflight int // requests reaped and not committed yet
+	directs  int // reads and writes on files in flight (Direct)
+
+	directTotal atomic.Uint64 // reads and writes on files issued (Stats.Direct)
+	expired     int64         // the last expected completion time the leader spun past
+	slept       bool          // the leader slept since it last ran dry
 
 	cur      atomic.Uint64 // sequence number of the leader's inline request; 0: none
 	tid      atomic.Int32  // the leader's thread id
@@ -228,6 +231,14 @@ func (q *queue) reap() int {
 		if !ok {
 			return n
 		}
+		if idx&udDirect != 0 {
+			// A READ or WRITE on a file completed: reply.
+			if i := idx &^ udDirect; i < uint64(len(q.ent)) {
+				q.directs--
+				q.endDirect(&q.ent[i], res)
+			}
+			continue
+		}
 		if idx >= uint64(len(q.ent)) {
 			continue
 		}
@@ -293,7 +304,16 @@ func (q *queue) lead(bound bool) bool {
 			continue
 		}
 		if q.dead >= len(q.ent) || q.stopping.Load() {
+			q.drainDirect()
 			return false
+		}
+		if q.r.queued() > 0 && q.directs > 0 {
+			// Reads and writes on files wait in the submission
+			// queue: issue them (and the replies queued with them)
+			// before the queue counts as dry.
+			if q.r.submit() == nil {
+				continue
+			}
 		}
 		if q.pollDry() {
 			continue
@@ -402,7 +422,11 @@ func (q *queue) handle(e *entry) bool {
 		q.s.renew(e)
 	}
 	q.requests.Add(1)
-	if q.s.cfg.OffloadBytes > 0 && e.size() >= q.s.cfg.OffloadBytes {
+	offload := q.s.cfg.OffloadBytes > 0 && e.size() >= q.s.cfg.OffloadBytes
+	if q.s.direct != nil && !offload && q.direct(e) {
+		return false
+	}
+	if offload {
 		// A large READ or WRITE is mostly a copy: run it on an
 		// offload worker (another thread, another CPU), so that the
 		// queue goes on meanwhile. It counts as one of the queues'

@@ -29,6 +29,7 @@ const (
 	offSQEs   = 0x10000000
 
 	iouOpRead     = 22
+	iouOpWrite    = 23
 	iouOpURingCmd = 46
 
 	sqeSize = 128 // IORING_SETUP_SQE128
@@ -78,6 +79,10 @@ type ring interface {
 	// commit queues e's reply and re-arms e (COMMIT_AND_FETCH). It
 	// reports false if the ring has no room even after a submit.
 	commit(e *entry) bool
+	// rw queues a read (write false) or write of buf at off of the file
+	// fd for e (Direct); its completion carries udDirect|e.idx. It
+	// reports false if the ring has no room even after a submit.
+	rw(e *entry, write bool, fd int32, buf []byte, off int64) bool
 	// queued returns the number of commands queued but not submitted.
 	queued() int
 	// submit hands the queued commands to the kernel without waiting.
@@ -240,6 +245,24 @@ func (r *sysRing) commit(e *entry) bool {
 	put64(sqe, sqeUserData, uint64(e.idx))
 	put64(sqe, sqeCmd+8, e.commitID)
 	put16(sqe, sqeCmd+16, r.qid)
+	return true
+}
+
+func (r *sysRing) rw(e *entry, write bool, fd int32, buf []byte, off int64) bool {
+	sqe := r.getSQE()
+	if sqe == nil {
+		return false
+	}
+	op := uint8(iouOpRead)
+	if write {
+		op = iouOpWrite
+	}
+	put8(sqe, sqeOpcode, op)
+	put32(sqe, sqeFD, uint32(fd))
+	put64(sqe, sqeOff, uint64(off))
+	put64(sqe, sqeAddr, uint64(uintptr(unsafe.Pointer(&buf[0]))))
+	put32(sqe, sqeLen, uint32(len(buf)))
+	put64(sqe, sqeUserData, udDirect|uint64(e.idx))
 	return true
 }
 

@@ -126,6 +126,7 @@ type Server struct {
 	queues []*queue
 	fd     int // our own duplicate of the /dev/fuse descriptor
 	fs     fuse.RawFileSystem
+	direct Direct // fs's, if it has the capability
 
 	expectMargin int64 // Config.ExpectMargin, ns; negative: off
 	poll         pollPolicy
@@ -329,6 +330,7 @@ func (s *Server) Start(fd int, fs fuse.RawFileSystem) error {
 // entries, and the watchdog.
 func (s *Server) start(fs fuse.RawFileSystem) error {
 	s.fs = fs
+	s.direct, _ = fs.(Direct)
 	errs := make([]chan error, len(s.queues))
 	for i, q := range s.queues {
 		errs[i] = make(chan error, 1)
@@ -398,6 +400,9 @@ type Stats struct {
 	// run off the leader because of their size (Config.OffloadBytes).
 	Requests  []uint64
 	Offloaded uint64
+	// Direct counts the READs and WRITEs done on a backing file through
+	// the rings (Direct).
+	Direct uint64
 	// Interrupts counts FUSE_INTERRUPTs that reached a ring request
 	// (Interrupt closed its cancel channel).
 	Interrupts uint64
@@ -421,6 +426,7 @@ func (s *Server) Stats() Stats {
 		st.Waiting += q.hinted.Load()
 		st.Watchdog += q.takenOver.Load()
 		st.Offloaded += q.offloaded.Load()
+		st.Direct += q.directTotal.Load()
 		st.Requests = append(st.Requests, q.requests.Load())
 		st.Polls += q.poll.polls.Load()
 		st.Probes += q.poll.probes.Load()

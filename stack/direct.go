@@ -1,0 +1,115 @@
+package stack
+
+import (
+	"context"
+	"sync"
+	"syscall"
+
+	"github.com/dmfuse/dmfuse/stats"
+)
+
+// DirectIO is a read of a device that maps, whole, onto one range of one
+// backing file through a linear target, so that a transport can issue it
+// on the file itself, asynchronously (an io_uring READ submitted with the
+// replies), instead of calling ReadAt with a system call per request.
+// Device.Direct starts it: it is inside the device's suspend gate and
+// counted in the device's statistics from then on; End ends both. FD and
+// Off say where the bytes are.
+//
+// Only reads, and only of files that io_uring reads without handing the
+// read to a worker thread (block devices, files on ext4, xfs and btrfs),
+// go this way: measured on ext4 (a cached file, 4k randread io_uring
+// 2x32), 290k reads a second against 197k with pread, with a third less
+// daemon CPU; but tmpfs files, and buffered writes on ext4, go through a
+// worker thread each, which made them slower than pread and pwrite (76k
+// against 180k reads a second on tmpfs, 33k against 45k writes on ext4).
+type DirectIO struct {
+	// FD is the backing file's descriptor and Off the offset in it of the
+	// I/O's first byte; both stay valid until End.
+	FD  int
+	Off int64
+
+	d     *Device
+	dev   *fileDev
+	shard int
+	k     Op
+	off   int64 // on the device
+	n     int64
+	start int64
+	rr    stats.RegionRef
+}
+
+var directs = sync.Pool{New: func() any { return new(DirectIO) }}
+
+// Direct starts a read (k stats.Read) of n bytes at off as a DirectIO, if
+// the live table maps all of them onto one backing file that io_uring
+// reads without a worker thread, through a linear target; otherwise (a
+// write, another target, a request crossing the end or a target's I/O
+// size limit, dm-stats done by the target), or while the device is
+// suspended, it returns nil and the caller uses ReadAt or WriteAt, which
+// also wait where the device says so.
+func (d *Device) Direct(k Op, off int64, n int) *DirectIO {
+	if k != stats.Read || n <= 0 || off < 0 {
+		return nil
+	}
+	g, ok := d.gate.tryEnter()
+	if !ok {
+		return nil
+	}
+	t := d.live.Load()
+	end := off + int64(n)
+	if t == nil || end > t.size {
+		d.gate.exit(g)
+		return nil
+	}
+	s := &t.segs[t.find(off)]
+	rel := off - s.start
+	l, ok := s.target.(*linear)
+	if !ok || end > s.end || s.atMap || s.maxIO > 0 && rel/s.maxIO != (rel+int64(n)-1)/s.maxIO {
+		d.gate.exit(g)
+		return nil
+	}
+	f, ok := l.Dev.(*fileDev)
+	if !ok || !f.asyncRead {
+		d.gate.exit(g)
+		return nil
+	}
+	io := directs.Get().(*DirectIO)
+	*io = DirectIO{FD: f.fd, Off: l.Off + rel, d: d, dev: f, shard: g, k: k, off: off, n: int64(n)}
+	io.start = d.disk.Now()
+	io.rr = d.disk.StartAt(k, io.start, off, io.n)
+	return io
+}
+
+// End ends io with res, the result of its read on the file (bytes read, or
+// a negative errno), p being the buffer it read into: a short read is
+// finished here with the file's ReadAt (past the end of a file that shrank
+// it reads zeros, as ReadAt does). It returns what ReadAt would have, and
+// io may not be used again.
+func (io *DirectIO) End(ctx context.Context, p []byte, res int) (int, error) {
+	n, err := res, error(nil)
+	switch {
+	case res < 0:
+		n, err = 0, syscall.Errno(-res)
+		if err == syscall.EINTR || err == syscall.EAGAIN {
+			n, err = io.rest(ctx, p, 0)
+		}
+	case int64(res) < io.n:
+		n, err = io.rest(ctx, p, res)
+	}
+	if err == nil && int64(n) != io.n {
+		err = syscall.EIO
+	}
+	d := io.d
+	d.disk.DoneAt(io.k, uint64((io.n+SectorSize-1)/SectorSize), io.start, io.rr)
+	d.gate.exit(io.shard)
+	*io = DirectIO{}
+	directs.Put(io)
+	return n, err
+}
+
+// rest reads the bytes of io from done on with the file's ReadAt.
+func (io *DirectIO) rest(ctx context.Context, p []byte, done int) (int, error) {
+	k, err := io.dev.ReadAt(ctx, p[done:io.n], io.Off+int64(done))
+	return done + k, err
+}
