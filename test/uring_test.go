@@ -205,24 +205,10 @@ func scrape(t *testing.T, d *daemon) []byte {
 // the default memory limit, run off the queues' threads (offloaded) and
 // keep their data, also several at once.
 func TestURingLargeRequests(t *testing.T) {
-	requireURing(t)
-	requireTool(t, "fio")
-	dir := t.TempDir()
-	sparseFile(t, filepath.Join(dir, "a.img"), 16<<20)
-	d := startDaemon(t, dir, "lin,,,rw,0 32768 linear ./a.img 0;", "--transport", "uring", "--metrics-addr", "127.0.0.1:0")
-	mustLog(t, d, "transport io_uring")
-	run(t, "fio", "--name=big", "--filename="+d.path("lin"), "--direct=1", "--bs=1M", "--rw=randwrite",
-		"--ioengine=io_uring", "--iodepth=4", "--numjobs=2", "--size=8m", "--offset_increment=8m",
-		"--verify=crc32c", "--do_verify=1", "--verify_state_save=0")
-	body := scrape(t, d)
-	m := regexp.MustCompile(`(?m)^dmfuse_uring_offloaded_total (\d+)$`).FindSubmatch(body)
-	var n int
-	if m != nil {
-		n, _ = strconv.Atoi(string(m[1]))
-	}
+	_, body := verifiedLinear(t, t.TempDir(), "--bs=1M", "--iodepth=4", "--size=8m", "--offset_increment=8m")
 	// 2 jobs x 8 writes and 8 verifying reads of 1 MiB: at least one
 	// request of 64 KiB or more each.
-	if n < 32 {
+	if n := scraped(t, body, "dmfuse_uring_offloaded_total"); n < 32 {
 		t.Errorf("%d offloaded requests, want at least 32\n%s", n, regexp.MustCompile(`(?m)^dmfuse_uring.*$`).FindAll(body, -1))
 	}
 }
@@ -232,16 +218,7 @@ func TestURingLargeRequests(t *testing.T) {
 // dmfuse_uring_direct_total), and return what the writes before them
 // wrote, as the device's statistics count them.
 func TestURingDirectReads(t *testing.T) {
-	requireURing(t)
-	requireTool(t, "fio")
-	dir := diskTempDir(t)
-	sparseFile(t, filepath.Join(dir, "a.img"), 16<<20)
-	d := startDaemon(t, dir, "lin,,,rw,0 32768 linear ./a.img 0;", "--transport", "uring", "--metrics-addr", "127.0.0.1:0")
-	mustLog(t, d, "transport io_uring")
-	run(t, "fio", "--name=small", "--filename="+d.path("lin"), "--direct=1", "--bsrange=4k-16k", "--rw=randwrite",
-		"--ioengine=io_uring", "--iodepth=8", "--numjobs=2", "--size=4m", "--offset_increment=4m",
-		"--verify=crc32c", "--do_verify=1", "--verify_state_save=0")
-	body := scrape(t, d)
+	d, body := verifiedLinear(t, diskTempDir(t), "--bsrange=4k-16k", "--iodepth=8", "--size=4m", "--offset_increment=4m")
 	n := scraped(t, body, "dmfuse_uring_direct_total")
 	// 2 jobs x 4 MiB verified in requests of at most 16 KiB.
 	if n < 2*4<<20/(16<<10) {
@@ -254,6 +231,21 @@ func TestURingDirectReads(t *testing.T) {
 	if reads, _ := strconv.Atoi(strings.Fields(string(b))[0]); reads < n {
 		t.Errorf("the device counted %d reads, %d went through the rings", reads, n)
 	}
+}
+
+// verifiedLinear serves a linear device over a 16 MiB file in dir on
+// io_uring, writes it with two fio jobs (args: sizes and depth) that read
+// every block back and check it, and returns the daemon and its metrics.
+func verifiedLinear(t *testing.T, dir string, args ...string) (*daemon, []byte) {
+	t.Helper()
+	requireURing(t)
+	requireTool(t, "fio")
+	sparseFile(t, filepath.Join(dir, "a.img"), 16<<20)
+	d := startDaemon(t, dir, "lin,,,rw,0 32768 linear ./a.img 0;", "--transport", "uring", "--metrics-addr", "127.0.0.1:0")
+	mustLog(t, d, "transport io_uring")
+	run(t, "fio", append([]string{"--name=verified", "--filename=" + d.path("lin"), "--direct=1", "--rw=randwrite",
+		"--ioengine=io_uring", "--numjobs=2", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0"}, args...)...)
+	return d, scrape(t, d)
 }
 
 // diskTempDir returns a temporary folder on a disk file system whose files

@@ -95,16 +95,7 @@ func newDirectServer(t *testing.T) (*Server, *fakeRing, *directFS) {
 func (r *fakeRing) write(unique, node, off uint64, data []byte, flags uint32) {
 	in := fuse.WriteIn{Size: uint32(len(data)), Offset: off, Flags: flags}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(&in)), unsafe.Sizeof(in))[unsafe.Sizeof(fuse.InHeader{}):]
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for len(r.free) == 0 {
-		r.cond.Wait()
-	}
-	i := r.free[0]
-	r.free = r.free[1:]
-	r.ents[i].request(opWrite, unique, node, b, data)
-	r.cq = append(r.cq, i)
-	r.cond.Broadcast()
+	r.sendData(opWrite, unique, node, b, data)
 }
 
 // TestDirect: a READ or WRITE that the file system maps onto a file is

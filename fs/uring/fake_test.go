@@ -196,6 +196,11 @@ func (r *fakeRing) unreaped() int {
 // send puts a request into a free entry, as the kernel does, waiting for
 // one if none is free.
 func (r *fakeRing) send(op uint32, unique, node uint64, opIn []byte) {
+	r.sendData(op, unique, node, opIn, nil)
+}
+
+// sendData is send with the request's payload (a WRITE's data).
+func (r *fakeRing) sendData(op uint32, unique, node uint64, opIn, payload []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for len(r.free) == 0 {
@@ -203,7 +208,7 @@ func (r *fakeRing) send(op uint32, unique, node uint64, opIn []byte) {
 	}
 	i := r.free[0]
 	r.free = r.free[1:]
-	r.ents[i].request(op, unique, node, opIn, nil)
+	r.ents[i].request(op, unique, node, opIn, payload)
 	r.cq = append(r.cq, i)
 	r.cond.Broadcast()
 }
