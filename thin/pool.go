@@ -159,6 +159,7 @@ type pool struct {
 	event             func()
 	name              string
 	wake              chan struct{} // closed and replaced on every change waiters look at
+	kick              chan struct{} // tells the waker to look at noSpaceDeadline again
 
 	stop chan struct{}
 	done chan struct{}
@@ -299,7 +300,7 @@ func findPool(c *stack.Ctor, open OpenFunc, meta, data stack.BlockDevice, bs uin
 	p = &pool{
 		reg: registry, metaKey: mk, dataKey: dk, owner: c.Device, sectorsPerBlock: bs,
 		blockBytes: int64(bs) * stack.SectorSize, clock: c.Clock, refs: 1,
-		wake: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
+		wake: make(chan struct{}), kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	if c.Device != nil {
 		p.name = c.Device.Name()
@@ -506,6 +507,10 @@ func (p *pool) setModeLocked(m poolMode) {
 		p.outOfDataSpace = true
 		if t := p.reg.noSpaceTimeout.Load(); !p.pf.errorIfNoSpace && t > 0 {
 			p.noSpaceDeadline = p.now() + t
+			select {
+			case p.kick <- struct{}{}:
+			default:
+			}
 		}
 	case modeWrite:
 		p.noSpaceDeadline = 0
@@ -633,20 +638,41 @@ func (p *pool) flushData() error {
 	return d.data.Flush(bg)
 }
 
-// waker is the kernel's do_waker: every tick it commits when a second has
-// passed since the last commit, and fires the no-space timeout.
+// waker is the kernel's do_waker and no_space_timeout work: once a
+// commitPeriod it commits when a period has passed since the last commit,
+// and at the no-space deadline, when one is armed, it fires the timeout.
 func (p *pool) waker() {
 	defer close(p.done)
-	t := time.NewTicker(100 * time.Millisecond)
+	t := time.NewTimer(time.Duration(commitPeriod))
 	defer t.Stop()
 	for {
 		select {
 		case <-p.stop:
 			return
+		case <-p.kick:
+			t.Stop()
 		case <-t.C:
 			p.tick()
 		}
+		t.Reset(p.nextTick())
 	}
+}
+
+// nextTick is how long the waker sleeps: until a commitPeriod after the
+// last commit (a whole period if that has passed), or until the no-space
+// deadline if it comes first.
+func (p *pool) nextTick() time.Duration {
+	now := p.now()
+	p.mu.Lock()
+	d := p.lastCommit + commitPeriod - now
+	if d <= 0 {
+		d = commitPeriod
+	}
+	if dl := p.noSpaceDeadline; dl != 0 {
+		d = min(d, max(dl-now, 0))
+	}
+	p.mu.Unlock()
+	return time.Duration(d)
 }
 
 // tick does one round of the waker's work at the pool clock's time.
