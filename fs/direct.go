@@ -11,10 +11,10 @@ import (
 )
 
 // ringFS is the file system the io_uring transport serves: go-fuse's
-// bridge, and the uring.Direct capability, through which a READ or WRITE
-// of a device that maps whole onto a backing file through a linear target
-// (stack.Device.Direct) is issued on the file by the queue's own ring, with
-// no system call of its own. The kernel names a device file by the node id
+// bridge, and the uring.Direct capability, through which a READ of a device
+// that maps whole onto a backing file through a linear target
+// (stack.Device.Direct says which) is issued on the file by the queue's own
+// ring, with no system call of its own. The kernel names a device file by the node id
 // go-fuse gave it, which go-fuse does not tell its nodes: ringFS learns it
 // from the LOOKUP replies of device files (node ids are never reused) and
 // forgets it with the node. A device file the kernel knows from a

@@ -33,7 +33,6 @@ type DirectIO struct {
 	dev   *fileDev
 	shard int
 	k     Op
-	off   int64 // on the device
 	n     int64
 	start int64
 	rr    stats.RegionRef
@@ -75,7 +74,7 @@ func (d *Device) Direct(k Op, off int64, n int) *DirectIO {
 		return nil
 	}
 	io := directs.Get().(*DirectIO)
-	*io = DirectIO{FD: f.fd, Off: l.Off + rel, d: d, dev: f, shard: g, k: k, off: off, n: int64(n)}
+	*io = DirectIO{FD: f.fd, Off: l.Off + rel, d: d, dev: f, shard: g, k: k, n: int64(n)}
 	io.start = d.disk.Now()
 	io.rr = d.disk.StartAt(k, io.start, off, io.n)
 	return io
