@@ -65,9 +65,7 @@ func (f *ringFS) MapDirect(nodeID uint64, write bool, off int64, n int, io *urin
 	if d == nil {
 		return false
 	}
-	if rel := f.root.rel.Load(); rel != nil {
-		rel.request()
-	}
+	f.root.requested()
 	io.FD, io.Off, io.Tag = int32(d.FD), d.Off, d
 	return true
 }

@@ -230,6 +230,13 @@ func (r *root) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	return r.NewInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: 4 * d.Ino()}), 0
 }
 
+// requested tells the releaser, if any, that a device request came.
+func (r *root) requested() {
+	if rel := r.rel.Load(); rel != nil {
+		rel.request()
+	}
+}
+
 func (r *root) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
 	ents := []fuse.DirEntry{{Name: "stats", Mode: syscall.S_IFDIR, Ino: inoStats}}
 	for _, d := range r.mgr.Devices() {
@@ -421,9 +428,7 @@ var fuaCtx = stack.WithFUA(ioCtx)
 // rawFS marked durable (their cancel channel stands for the mark). Every
 // device request passes here, so it also wakes a parked releaser.
 func (n *devNode) ioContext(ctx context.Context) context.Context {
-	if rel := n.root.rel.Load(); rel != nil {
-		rel.request()
-	}
+	n.root.requested()
 	fc, ok := ctx.(*fuse.Context)
 	if !ok {
 		return ioCtx

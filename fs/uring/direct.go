@@ -82,21 +82,15 @@ func (q *queue) direct(e *entry) bool {
 func (q *queue) endDirect(e *entry, res int32) {
 	res = q.s.direct.EndDirect(&e.dio, e.payload[:e.dioLen], res)
 	e.dio = DirectIO{}
-	h := (*fuse.InHeader)(unsafe.Pointer(&e.in[0]))
-	o := (*fuse.OutHeader)(unsafe.Pointer(&e.hdr[hdrInOut]))
-	o.Unique, o.Status = h.Unique, 0
-	n := 0
 	switch {
 	case res < 0:
-		o.Status = res
+		e.setReply(res, 0)
 	case e.dioWrite:
 		(*fuse.WriteOut)(e.out(writeOutSize)).Size = uint32(res)
-		n = writeOutSize
+		e.setReply(0, writeOutSize)
 	default:
-		n = int(res)
+		e.setReply(0, int(res))
 	}
-	o.Length = uint32(outHeaderSize + n)
-	*(*uint32)(unsafe.Pointer(&e.hdr[hdrPayloadSz])) = uint32(n)
 	q.commit(e)
 }
 

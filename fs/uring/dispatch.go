@@ -316,9 +316,15 @@ func (e *entry) dispatch(fs fuse.RawFileSystem) {
 	if !st.Ok() {
 		n = 0
 	}
+	e.setReply(-int32(st), n)
+}
+
+// setReply writes the reply header of e's request: status (0 or a
+// negative errno) and n bytes of reply in the payload buffer.
+func (e *entry) setReply(status int32, n int) {
 	o := (*fuse.OutHeader)(unsafe.Pointer(&e.hdr[hdrInOut]))
-	o.Unique = h.Unique
-	o.Status = -int32(st)
+	o.Unique = (*fuse.InHeader)(unsafe.Pointer(&e.in[0])).Unique
+	o.Status = status
 	o.Length = uint32(outHeaderSize + n)
 	*(*uint32)(unsafe.Pointer(&e.hdr[hdrPayloadSz])) = uint32(n)
 }
