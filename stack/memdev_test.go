@@ -1,6 +1,6 @@
 package stack
 
-import "github.com/dmfuse/dmfuse/stack/internal/memdev"
+import "github.com/dmfuse/dmfuse/internal/memdev"
 
 // The package's own tests reach into unexported state, so they cannot import
 // stacktest (which imports stack). They use the same in-memory device that

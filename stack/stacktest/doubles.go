@@ -7,7 +7,7 @@ import (
 	"syscall"
 
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/internal/memdev"
+	"github.com/dmfuse/dmfuse/internal/memdev"
 )
 
 // MemDevice is an in-memory stack.BlockDevice. An I/O that does not lie

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
+	"github.com/dmfuse/dmfuse/persistent"
 )
 
 // Errors the Store returns. The thin target maps them to the kernel's
@@ -18,18 +18,18 @@ var (
 	// ErrNoDevice: no thin device with that id.
 	ErrNoDevice = errors.New("no such device")
 	// ErrNoSpace: no free data (or metadata) block.
-	ErrNoSpace = errs.ErrNoSpace
+	ErrNoSpace = persistent.ErrNoSpace
 	// ErrNoMetadataSpace: no free metadata block (the kernel's metadata
 	// ENOSPC, which aborts the transaction); it wraps ErrNoSpace.
-	ErrNoMetadataSpace = errs.ErrNoMetadataSpace
+	ErrNoMetadataSpace = persistent.ErrNoMetadataSpace
 	// ErrReadOnly: the store was opened or set read-only.
-	ErrReadOnly = errs.ErrReadOnly
+	ErrReadOnly = persistent.ErrReadOnly
 	// ErrBusy: a thin device is open, or a metadata snapshot is
 	// already held.
 	ErrBusy = errors.New("device or metadata snapshot busy")
 	// ErrCorrupt wraps every error that says the metadata on the device
 	// is damaged (bad checksum, bad magic, a block out of range).
-	ErrCorrupt = errs.ErrCorrupt
+	ErrCorrupt = persistent.ErrCorrupt
 )
 
 // Device is the metadata device: fixed-size 4 KiB blocks read and written

@@ -3,9 +3,9 @@ package metadata
 import (
 	"testing"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/btree"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/sm"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/btree"
+	"github.com/dmfuse/dmfuse/persistent/sm"
 )
 
 // verifyCounts recomputes every reference count of the committed

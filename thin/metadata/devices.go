@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/btree"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/sm"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/btree"
+	"github.com/dmfuse/dmfuse/persistent/sm"
 )
 
 func le64(v uint64) []byte {

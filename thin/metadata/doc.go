@@ -40,21 +40,24 @@
 //
 // # The layers
 //
-//   - internal/block, the block manager: blocks read through a bounded
+// The lower four are dmfuse's persistent-data library (package persistent
+// and below), which any target with on-disk btrees may import.
+//
+//   - persistent/block, the block manager: blocks read through a bounded
 //     LRU cache (Options.CacheBlocks), checked by the kind's validator on
 //     read and sealed on write, each with a reader/writer lock. Dirty
 //     blocks are written when they leave the cache and at a flush.
-//   - internal/tm, the transaction manager: a block committed or shared
+//   - persistent/tm, the transaction manager: a block committed or shared
 //     (count > 1) is copied before it changes, the copy taking a new
 //     block and the original losing a reference; blocks made in this
 //     transaction change in place.
-//   - internal/btree: lookups, insert with the kernel's splits, remove
+//   - persistent/btree: lookups, insert with the kernel's splits, remove
 //     with rebalancing, and delete, which drops a shared subtree's
 //     reference without descending into it. Copying a shared node adds a
 //     reference to each of its children (or, in a leaf, through the
 //     tree's value type: data blocks for the mapping leaves, device trees
 //     for the top level), as the kernel's inc_children does.
-//   - internal/sm: the data space map, on metadata blocks through the
+//   - persistent/sm: the data space map, on metadata blocks through the
 //     transaction manager; and the metadata space map, which counts the
 //     blocks that the transaction manager allocates, its own included. It
 //     keeps the counts in memory (one byte a block) and at commit moves

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/btree"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/btree"
 )
 
 // writeCounter fails the test on any write or flush.

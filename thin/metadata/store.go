@@ -7,11 +7,11 @@ import (
 	"slices"
 	"sync/atomic"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/btree"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/sm"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/tm"
+	"github.com/dmfuse/dmfuse/persistent"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/btree"
+	"github.com/dmfuse/dmfuse/persistent/sm"
+	"github.com/dmfuse/dmfuse/persistent/tm"
 )
 
 // Pool is a Store on the kernel's on-disk format.
@@ -254,7 +254,7 @@ func (p *Pool) loadFrom() error {
 		return fmt.Errorf("could not access metadata RDWR due to unsupported optional features (%#x)", sb.compatRO)
 	}
 	if sb.metaSM.NrBlocks > p.bm.NrBlocks() || sb.metaSM.NrBlocks == 0 {
-		return errs.Corruptf("metadata space map of %d blocks on a device of %d blocks", sb.metaSM.NrBlocks, p.bm.NrBlocks())
+		return persistent.Corruptf("metadata space map of %d blocks on a device of %d blocks", sb.metaSM.NrBlocks, p.bm.NrBlocks())
 	}
 	p.tm = tm.New(p.bm, nil)
 	if p.msm, err = sm.OpenMetadata(p.tm, sb.metaSM); err != nil {
@@ -295,7 +295,7 @@ func (p *Pool) checkTrees(root, details uint64) error {
 			return err
 		}
 		if c == 0 {
-			return errs.Corruptf("metadata block %d is in use but counted free", loc)
+			return persistent.Corruptf("metadata block %d is in use but counted free", loc)
 		}
 		return nil
 	}
@@ -327,7 +327,7 @@ func (p *Pool) checkTrees(root, details uint64) error {
 		return err
 	}
 	if !slices.Equal(ids, dids) {
-		return errs.Corruptf("devices of the mapping tree %v and of the details tree %v differ", ids, dids)
+		return persistent.Corruptf("devices of the mapping tree %v and of the details tree %v differ", ids, dids)
 	}
 	return nil
 }

@@ -3,8 +3,8 @@ package metadata
 import (
 	"encoding/binary"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/sm"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/sm"
 )
 
 var le = binary.LittleEndian

@@ -3,8 +3,8 @@ package metadata
 import (
 	"testing"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/sm"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/sm"
 )
 
 // TestSuperblockGolden packs the superblock of a kernel-formatted pool of

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/btree"
+	"github.com/dmfuse/dmfuse/persistent/btree"
 )
 
 // thinDev is an open thin device.

@@ -3,7 +3,7 @@ package btree
 import (
 	"errors"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
+	"github.com/dmfuse/dmfuse/persistent/block"
 )
 
 // ErrNotFound: the key is not in the tree.

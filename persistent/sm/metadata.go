@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/btree"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/tm"
+	"github.com/dmfuse/dmfuse/persistent"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/btree"
+	"github.com/dmfuse/dmfuse/persistent/tm"
 )
 
 // refValueType is the overflow tree's value: a plain le32 count.
@@ -94,7 +94,7 @@ func (m *Metadata) Init(t *tm.TM) error {
 func OpenMetadata(t *tm.TM, root Root) (*Metadata, error) {
 	m, err := newMetadata(root.NrBlocks)
 	if err != nil {
-		return nil, errs.Corruptf("%v", err)
+		return nil, persistent.Corruptf("%v", err)
 	}
 	m.tm, m.refInfo.TM = t, t
 	m.indexLoc, m.refRoot = root.BitmapRoot, root.RefCountRoot
@@ -110,7 +110,7 @@ func OpenMetadata(t *tm.TM, root Root) (*Metadata, error) {
 	var threes int
 	for i, ie := range m.ies {
 		if ie.Blocknr == 0 || ie.Blocknr >= root.NrBlocks {
-			return nil, errs.Corruptf("metadata index entry %d: bitmap block %d out of range", i, ie.Blocknr)
+			return nil, persistent.Corruptf("metadata index entry %d: bitmap block %d out of range", i, ie.Blocknr)
 		}
 		m.bitmaps[i] = ie.Blocknr
 		bb, err := t.ReadLock(ie.Blocknr, block.Bitmap)
@@ -130,7 +130,7 @@ func OpenMetadata(t *tm.TM, root Root) (*Metadata, error) {
 	err = btree.Walk(&m.refInfo, m.refRoot, func(k uint64, v []byte) error {
 		c := le.Uint32(v)
 		if k >= m.nrBlocks || m.counts[k] != 3 || c < 3 {
-			return errs.Corruptf("metadata overflow count %d for block %d", c, k)
+			return persistent.Corruptf("metadata overflow count %d for block %d", c, k)
 		}
 		m.counts[k] = 0
 		m.set(k, c)
@@ -141,7 +141,7 @@ func OpenMetadata(t *tm.TM, root Root) (*Metadata, error) {
 		return nil, err
 	}
 	if threes != 0 {
-		return nil, errs.Corruptf("metadata space map: %d counts of 3 or more missing from the overflow tree", threes)
+		return nil, persistent.Corruptf("metadata space map: %d counts of 3 or more missing from the overflow tree", threes)
 	}
 	clear(m.bigDirty)
 	m.nrAllocated = 0
@@ -159,7 +159,7 @@ func OpenMetadata(t *tm.TM, root Root) (*Metadata, error) {
 // Count is b's reference count.
 func (m *Metadata) Count(b uint64) (uint32, error) {
 	if b >= m.nrBlocks {
-		return 0, errs.Corruptf("metadata block %d out of range (%d blocks)", b, m.nrBlocks)
+		return 0, persistent.Corruptf("metadata block %d out of range (%d blocks)", b, m.nrBlocks)
 	}
 	return m.count(b), nil
 }
@@ -211,7 +211,7 @@ func (m *Metadata) Dec(b uint64) error {
 		return err
 	}
 	if c == 0 {
-		return errs.Corruptf("metadata block %d: reference dropped below 0", b)
+		return persistent.Corruptf("metadata block %d: reference dropped below 0", b)
 	}
 	m.set(b, c-1)
 	return nil
@@ -240,7 +240,7 @@ func (m *Metadata) NewBlock() (uint64, error) {
 			}
 		}
 	}
-	return 0, fmt.Errorf("metadata space map of %d blocks: %w", m.nrBlocks, errs.ErrNoMetadataSpace)
+	return 0, fmt.Errorf("metadata space map of %d blocks: %w", m.nrBlocks, persistent.ErrNoMetadataSpace)
 }
 
 // NrBlocks and NrFree are the size and the blocks with no reference.

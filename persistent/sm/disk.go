@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/btree"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/tm"
+	"github.com/dmfuse/dmfuse/persistent"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/btree"
+	"github.com/dmfuse/dmfuse/persistent/tm"
 )
 
 // MaxDataBlocks bounds the data space map: a mapping keeps 40 bits of
@@ -63,14 +63,14 @@ func OpenDisk(t *tm.TM, root Root) (*Disk, error) {
 	d.indexRoot, d.refRoot = root.BitmapRoot, root.RefCountRoot
 	d.old = root
 	if root.NrBlocks > MaxDataBlocks {
-		return nil, errs.Corruptf("data space map of %d blocks", root.NrBlocks)
+		return nil, persistent.Corruptf("data space map of %d blocks", root.NrBlocks)
 	}
 	want := uint64(0)
 	nrMeta := t.BM().NrBlocks()
 	err := btree.Walk(&d.idxInfo, d.indexRoot, func(k uint64, v []byte) error {
 		ie := unpackIE(v)
 		if k != want || ie.Blocknr == 0 || ie.Blocknr >= nrMeta || ie.NrFree > EntriesPerBlock {
-			return errs.Corruptf("data space map index entry %d: bitmap %d, %d free", k, ie.Blocknr, ie.NrFree)
+			return persistent.Corruptf("data space map index entry %d: bitmap %d, %d free", k, ie.Blocknr, ie.NrFree)
 		}
 		want++
 		return nil
@@ -79,11 +79,11 @@ func OpenDisk(t *tm.TM, root Root) (*Disk, error) {
 		return nil, err
 	}
 	if want != (root.NrBlocks+EntriesPerBlock-1)/EntriesPerBlock {
-		return nil, errs.Corruptf("data space map of %d blocks has %d bitmaps", root.NrBlocks, want)
+		return nil, persistent.Corruptf("data space map of %d blocks has %d bitmaps", root.NrBlocks, want)
 	}
 	if err := btree.Walk(&d.refInfo, d.refRoot, func(k uint64, v []byte) error {
 		if k >= root.NrBlocks {
-			return errs.Corruptf("data overflow count for block %d out of range", k)
+			return persistent.Corruptf("data overflow count for block %d out of range", k)
 		}
 		return nil
 	}); err != nil {
@@ -113,7 +113,7 @@ func (d *Disk) loadIE(i uint64) (IndexEntry, error) {
 		return IndexEntry{}, err
 	}
 	if !ok {
-		return IndexEntry{}, errs.Corruptf("data space map: no index entry for bitmap %d", i)
+		return IndexEntry{}, persistent.Corruptf("data space map: no index entry for bitmap %d", i)
 	}
 	ie := unpackIE(v[:])
 	d.ies[i] = ie
@@ -130,7 +130,7 @@ func (d *Disk) oldIE(i uint64) (IndexEntry, error) {
 		return IndexEntry{}, err
 	}
 	if !ok {
-		return IndexEntry{}, errs.Corruptf("committed data space map: no index entry for bitmap %d", i)
+		return IndexEntry{}, persistent.Corruptf("committed data space map: no index entry for bitmap %d", i)
 	}
 	ie := unpackIE(v[:])
 	d.oldIes[i] = ie
@@ -144,7 +144,7 @@ func (d *Disk) bigCount(root, b uint64) (uint32, error) {
 		return 0, err
 	}
 	if !ok {
-		return 0, errs.Corruptf("data block %d: count 3 missing from the overflow tree", b)
+		return 0, persistent.Corruptf("data block %d: count 3 missing from the overflow tree", b)
 	}
 	return le.Uint32(v[:]), nil
 }
@@ -152,7 +152,7 @@ func (d *Disk) bigCount(root, b uint64) (uint32, error) {
 // Count is b's reference count.
 func (d *Disk) Count(b uint64) (uint32, error) {
 	if b >= d.nrBlocks {
-		return 0, errs.Corruptf("data block %d out of range (%d blocks)", b, d.nrBlocks)
+		return 0, persistent.Corruptf("data block %d out of range (%d blocks)", b, d.nrBlocks)
 	}
 	ie, err := d.loadIE(b / EntriesPerBlock)
 	if err != nil {
@@ -194,7 +194,7 @@ func (d *Disk) oldFree(b uint64, cur IndexEntry) (bool, error) {
 // mutate adds delta to b's count.
 func (d *Disk) mutate(b uint64, delta int) error {
 	if b >= d.nrBlocks {
-		return errs.Corruptf("data block %d out of range (%d blocks)", b, d.nrBlocks)
+		return persistent.Corruptf("data block %d out of range (%d blocks)", b, d.nrBlocks)
 	}
 	i := b / EntriesPerBlock
 	ie, err := d.loadIE(i)
@@ -215,7 +215,7 @@ func (d *Disk) mutate(b uint64, delta int) error {
 		}
 	}
 	if delta < 0 && old == 0 {
-		return errs.Corruptf("data block %d: reference dropped below 0", b)
+		return persistent.Corruptf("data block %d: reference dropped below 0", b)
 	}
 	c := uint32(int64(old) + int64(delta))
 	switch {
@@ -273,7 +273,7 @@ func (d *Disk) NewBlock() (uint64, error) {
 			return b, nil
 		}
 	}
-	return 0, fmt.Errorf("data space map: %w (%d blocks)", errs.ErrNoSpace, d.nrBlocks)
+	return 0, fmt.Errorf("data space map: %w (%d blocks)", persistent.ErrNoSpace, d.nrBlocks)
 }
 
 func (d *Disk) findFree(begin, end uint64) (uint64, bool, error) {

@@ -5,14 +5,14 @@ import (
 	"math/rand"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/memdev"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/tm"
+	"github.com/dmfuse/dmfuse/internal/memdev"
+	"github.com/dmfuse/dmfuse/persistent"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/tm"
 )
 
 type rig struct {
-	dev *memdev.Dev
+	dev *memdev.Device
 	bm  *block.Manager
 	tm  *tm.TM
 	msm *Metadata
@@ -20,7 +20,7 @@ type rig struct {
 
 func newRig(t testing.TB, blocks int) *rig {
 	t.Helper()
-	dev := memdev.New(blocks)
+	dev := memdev.New("meta", int64(blocks)*4096)
 	bm := block.NewManager(dev, 32)
 	msm, err := NewMetadata(uint64(blocks))
 	if err != nil {
@@ -126,7 +126,7 @@ func TestMetadataCountsAgainstModel(t *testing.T) {
 			t.Fatalf("free %d, was %d", m.NrFree(), r.msm.NrFree())
 		}
 	}
-	if err := r.msm.Dec(blocks - 1); !errors.Is(err, errs.ErrCorrupt) && model[blocks-1] == 0 {
+	if err := r.msm.Dec(blocks - 1); !errors.Is(err, persistent.ErrCorrupt) && model[blocks-1] == 0 {
 		t.Errorf("dec of a free block: %v", err)
 	}
 }
@@ -254,14 +254,14 @@ func TestDiskExtendAndFull(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := d.NewBlock(); !errors.Is(err, errs.ErrNoSpace) {
+	if _, err := d.NewBlock(); !errors.Is(err, persistent.ErrNoSpace) {
 		t.Fatalf("alloc from a full map: %v", err)
 	}
 	r.commitDisk(t, d)
 	if err := d.Dec(3); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.NewBlock(); !errors.Is(err, errs.ErrNoSpace) {
+	if _, err := d.NewBlock(); !errors.Is(err, persistent.ErrNoSpace) {
 		t.Fatalf("alloc of a block freed in this transaction: %v", err)
 	}
 	r.commitDisk(t, d)
@@ -285,7 +285,7 @@ func TestDiskExtendAndFull(t *testing.T) {
 		}
 		seen[b] = true
 	}
-	if _, err := d.NewBlock(); !errors.Is(err, errs.ErrNoSpace) {
+	if _, err := d.NewBlock(); !errors.Is(err, persistent.ErrNoSpace) {
 		t.Fatalf("alloc from the full extended map: %v", err)
 	}
 	r.commitDisk(t, d)

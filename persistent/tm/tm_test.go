@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/memdev"
+	"github.com/dmfuse/dmfuse/internal/memdev"
+	"github.com/dmfuse/dmfuse/persistent/block"
 )
 
 type mapSM struct {
@@ -32,7 +32,7 @@ func (s *mapSM) Count(b uint64) (uint32, error) { return s.counts[b], nil }
 
 func TestShadow(t *testing.T) {
 	sm := &mapSM{counts: map[uint64]uint32{}}
-	bm := block.NewManager(memdev.New(64), 16)
+	bm := block.NewManager(memdev.New("meta", 64*4096), 16)
 	tm := New(bm, sm)
 	b, err := tm.NewBlock(block.Bitmap)
 	if err != nil {

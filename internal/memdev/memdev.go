@@ -1,7 +1,7 @@
-// Package memdev holds the in-memory block device of the tests. It imports
-// nothing of dmfuse, so that both package stack's own tests and package
-// stacktest (which imports stack, and re-exports it as stacktest.MemDevice)
-// can use the one implementation.
+// Package memdev holds the one in-memory block device of the tests. It
+// imports nothing of dmfuse, so that every package's tests can use it:
+// package stack's own, stacktest (which re-exports it as
+// stacktest.MemDevice) and the persistent-data layers'.
 package memdev
 
 import (
@@ -13,12 +13,13 @@ import (
 // Device is an in-memory block device (it satisfies stack.BlockDevice). An
 // I/O that does not lie wholly inside the device fails with EIO, as a read or
 // write past the end of a block device does, so that a target handing its
-// device a range beyond it is caught. It counts flushes so that tests can see
-// a flush reach it. Every method may be called concurrently.
+// device a range beyond it is caught. It counts writes and flushes so that
+// tests can see them reach it. Every method may be called concurrently.
 type Device struct {
 	name    string
 	mu      sync.RWMutex
 	data    []byte
+	writes  int
 	flushes int
 }
 
@@ -40,6 +41,13 @@ func (m *Device) Contents() []byte {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return append([]byte(nil), m.data...)
+}
+
+// Writes returns how many writes reached the device.
+func (m *Device) Writes() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.writes
 }
 
 // Flushes returns how many flushes reached the device.
@@ -66,6 +74,7 @@ func (m *Device) WriteAt(_ context.Context, p []byte, off int64) (int, error) {
 	if off < 0 || off+int64(len(p)) > int64(len(m.data)) {
 		return 0, syscall.EIO
 	}
+	m.writes++
 	return copy(m.data[off:], p), nil
 }
 

@@ -1,4 +1,4 @@
-// Package sm holds the two space maps of a thin pool
+// Package sm holds the kernel's two space maps
 // (dm-space-map-common, -disk and -metadata): reference counts of 2 bits
 // per block in bitmap blocks, an overflow btree for counts of 3 and more,
 // and an index of the bitmaps (a btree for the data space map, one index
@@ -17,7 +17,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
+	"github.com/dmfuse/dmfuse/persistent/block"
 )
 
 var le = binary.LittleEndian

@@ -8,9 +8,9 @@ package btree
 import (
 	"encoding/binary"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/tm"
+	"github.com/dmfuse/dmfuse/persistent"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/tm"
 )
 
 // Node flags.
@@ -37,13 +37,13 @@ func checkNode(b []byte, loc uint64) error {
 	n := node(b)
 	vs, max, nr := n.valueSize(), n.max(), n.nr()
 	if vs == 0 || vs > block.Size || headerSize+(8+vs)*max > block.Size {
-		return errs.Corruptf("btree node %d: max_entries %d of %d-byte values do not fit", loc, max, vs)
+		return persistent.Corruptf("btree node %d: max_entries %d of %d-byte values do not fit", loc, max, vs)
 	}
 	if nr > max {
-		return errs.Corruptf("btree node %d: %d entries, max %d", loc, nr, max)
+		return persistent.Corruptf("btree node %d: %d entries, max %d", loc, nr, max)
 	}
 	if f := n.flags(); f&(InternalNode|LeafNode) == 0 {
-		return errs.Corruptf("btree node %d: flags %#x", loc, f)
+		return persistent.Corruptf("btree node %d: flags %#x", loc, f)
 	}
 	return nil
 }
@@ -149,10 +149,10 @@ type Info struct {
 func (info *Info) checkNodeFor(n node, loc uint64) error {
 	if n.isLeaf() {
 		if n.valueSize() != info.VT.Size {
-			return errs.Corruptf("btree leaf %d: value size %d, want %d", loc, n.valueSize(), info.VT.Size)
+			return persistent.Corruptf("btree leaf %d: value size %d, want %d", loc, n.valueSize(), info.VT.Size)
 		}
 	} else if n.valueSize() != 8 {
-		return errs.Corruptf("btree internal node %d: value size %d, want 8", loc, n.valueSize())
+		return persistent.Corruptf("btree internal node %d: value size %d, want 8", loc, n.valueSize())
 	}
 	return nil
 }

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/memdev"
+	"github.com/dmfuse/dmfuse/internal/memdev"
+	"github.com/dmfuse/dmfuse/persistent"
 )
 
 // emptyLeaf is the kernel's empty btree leaf (dm_btree_empty).
@@ -58,24 +58,24 @@ func TestChecksumGolden(t *testing.T) {
 func TestVerifyRejects(t *testing.T) {
 	b := make([]byte, Size)
 	Bitmap.Prepare(b, 9)
-	if err := Bitmap.Verify(b, 10); !errors.Is(err, errs.ErrCorrupt) {
+	if err := Bitmap.Verify(b, 10); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("wrong location: %v", err)
 	}
-	if err := Index.Verify(b, 9); !errors.Is(err, errs.ErrCorrupt) {
+	if err := Index.Verify(b, 9); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("wrong salt: %v", err)
 	}
 	b[2000] ^= 1
-	if err := Bitmap.Verify(b, 9); !errors.Is(err, errs.ErrCorrupt) {
+	if err := Bitmap.Verify(b, 9); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("flipped bit: %v", err)
 	}
 	Superblock.Prepare(b, 0)
-	if err := Superblock.Verify(b, 0); !errors.Is(err, errs.ErrCorrupt) {
+	if err := Superblock.Verify(b, 0); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("superblock without magic: %v", err)
 	}
 }
 
 func TestCacheBoundAndWriteBack(t *testing.T) {
-	dev := memdev.New(256)
+	dev := memdev.New("meta", 256*4096)
 	m := NewManager(dev, 8)
 	for loc := uint64(0); loc < 100; loc++ {
 		b, err := m.WriteLockZero(loc, Bitmap)
@@ -112,16 +112,16 @@ func TestCacheBoundAndWriteBack(t *testing.T) {
 }
 
 func TestLocks(t *testing.T) {
-	dev := memdev.New(16)
+	dev := memdev.New("meta", 16*4096)
 	m := NewManager(dev, 4)
 	w, err := m.WriteLockZero(3, Bitmap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.ReadLock(3, Bitmap); !errors.Is(err, errs.ErrCorrupt) {
+	if _, err := m.ReadLock(3, Bitmap); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("read lock of a write-locked block: %v", err)
 	}
-	if _, err := m.WriteLock(3, Bitmap); !errors.Is(err, errs.ErrCorrupt) {
+	if _, err := m.WriteLock(3, Bitmap); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("second write lock: %v", err)
 	}
 	if err := m.Flush(); err == nil {
@@ -139,36 +139,36 @@ func TestLocks(t *testing.T) {
 	if _, err := m.WriteLock(3, Bitmap); err == nil {
 		t.Error("write lock of a read-locked block succeeded")
 	}
-	if _, err := m.ReadLock(3, Index); !errors.Is(err, errs.ErrCorrupt) {
+	if _, err := m.ReadLock(3, Index); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("read as another kind: %v", err)
 	}
 	m.Unlock(r1)
 	m.Unlock(r2)
-	if _, err := m.ReadLock(16, Bitmap); !errors.Is(err, errs.ErrCorrupt) {
+	if _, err := m.ReadLock(16, Bitmap); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("block out of range: %v", err)
 	}
-	if _, err := m.ReadLock(5, Bitmap); !errors.Is(err, errs.ErrCorrupt) {
+	if _, err := m.ReadLock(5, Bitmap); !errors.Is(err, persistent.ErrCorrupt) {
 		t.Errorf("zero block read as a bitmap: %v", err)
 	}
 	m.SetReadOnly(true)
-	if _, err := m.WriteLock(3, Bitmap); !errors.Is(err, errs.ErrReadOnly) {
+	if _, err := m.WriteLock(3, Bitmap); !errors.Is(err, persistent.ErrReadOnly) {
 		t.Errorf("write lock when read-only: %v", err)
 	}
 }
 
 func TestFlushAndInvalidate(t *testing.T) {
-	dev := memdev.New(16)
+	dev := memdev.New("meta", 16*4096)
 	m := NewManager(dev, 16)
 	b, _ := m.WriteLockZero(2, Index)
 	m.Unlock(b)
-	if dev.Writes != 0 {
+	if dev.Writes() != 0 {
 		t.Fatal("a dirty block was written before Flush")
 	}
 	if err := m.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if dev.Writes != 1 || dev.Flushes != 1 {
-		t.Fatalf("%d writes, %d flushes after Flush; want 1, 1", dev.Writes, dev.Flushes)
+	if dev.Writes() != 1 || dev.Flushes() != 1 {
+		t.Fatalf("%d writes, %d flushes after Flush; want 1, 1", dev.Writes(), dev.Flushes())
 	}
 	if err := Index.Verify(dev.Bytes()[2*Size:3*Size], 2); err != nil {
 		t.Fatal(err)
@@ -179,7 +179,7 @@ func TestFlushAndInvalidate(t *testing.T) {
 	if err := m.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if dev.Writes != 1 {
+	if dev.Writes() != 1 {
 		t.Error("Invalidate kept a dirty block")
 	}
 }
@@ -188,7 +188,7 @@ func TestFlushAndInvalidate(t *testing.T) {
 // cache of 8, so that hits, misses and evictions overlap; every read must
 // see its block's contents.
 func TestConcurrentReads(t *testing.T) {
-	dev := memdev.New(64)
+	dev := memdev.New("meta", 64*4096)
 	w := NewManager(dev, 64)
 	for loc := uint64(0); loc < 64; loc++ {
 		b, err := w.WriteLockZero(loc, Bitmap)

@@ -1,7 +1,7 @@
 package btree
 
 import (
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
+	"github.com/dmfuse/dmfuse/persistent"
 )
 
 // Lookup copies the value of key into val (which has the value size) and
@@ -10,7 +10,7 @@ func Lookup(info *Info, root, key uint64, val []byte) (bool, error) {
 	loc := root
 	for depth := 0; ; depth++ {
 		if depth > MaxDepth {
-			return false, errs.Corruptf("btree %d deeper than %d levels", root, MaxDepth)
+			return false, persistent.Corruptf("btree %d deeper than %d levels", root, MaxDepth)
 		}
 		b, n, err := info.readNode(loc)
 		if err != nil {
@@ -46,10 +46,10 @@ const maxVisits = 4 * MaxDepth
 
 func lookupNext(info *Info, loc, key uint64, val []byte, depth int, budget *int) (uint64, bool, error) {
 	if *budget--; *budget < 0 {
-		return 0, false, errs.Corruptf("btree search from %d visits too many nodes", loc)
+		return 0, false, persistent.Corruptf("btree search from %d visits too many nodes", loc)
 	}
 	if depth > MaxDepth {
-		return 0, false, errs.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
+		return 0, false, persistent.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
 	}
 	b, n, err := info.readNode(loc)
 	if err != nil {
@@ -89,10 +89,10 @@ func FindHighest(info *Info, root uint64, val []byte) (uint64, bool, error) {
 
 func findHighest(info *Info, loc uint64, val []byte, depth int, budget *int) (uint64, bool, error) {
 	if *budget--; *budget < 0 {
-		return 0, false, errs.Corruptf("btree search from %d visits too many nodes", loc)
+		return 0, false, persistent.Corruptf("btree search from %d visits too many nodes", loc)
 	}
 	if depth > MaxDepth {
-		return 0, false, errs.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
+		return 0, false, persistent.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
 	}
 	b, n, err := info.readNode(loc)
 	if err != nil {
@@ -139,10 +139,10 @@ type walker struct {
 
 func (w *walker) walk(loc uint64, depth int, lo, hi uint64, hiOpen, isRoot bool) error {
 	if depth > MaxDepth {
-		return errs.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
+		return persistent.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
 	}
 	if w.seen[loc] {
-		return errs.Corruptf("btree node %d is reached twice", loc)
+		return persistent.Corruptf("btree node %d is reached twice", loc)
 	}
 	w.seen[loc] = true
 	b, n, err := w.info.readNode(loc)
@@ -152,15 +152,15 @@ func (w *walker) walk(loc uint64, depth int, lo, hi uint64, hiOpen, isRoot bool)
 	defer w.info.TM.Unlock(b)
 	nr := n.nr()
 	if !isRoot && nr < n.max()/3 {
-		return errs.Corruptf("btree node %d: %d entries, fewer than %d", loc, nr, n.max()/3)
+		return persistent.Corruptf("btree node %d: %d entries, fewer than %d", loc, nr, n.max()/3)
 	}
 	if n.max()%3 != 0 {
-		return errs.Corruptf("btree node %d: max_entries %d", loc, n.max())
+		return persistent.Corruptf("btree node %d: max_entries %d", loc, n.max())
 	}
 	for i := 0; i < nr; i++ {
 		k := n.key(i)
 		if (i > 0 && k <= n.key(i-1)) || k < lo || (!hiOpen && k >= hi) {
-			return errs.Corruptf("btree node %d: key %d out of order or bounds", loc, k)
+			return persistent.Corruptf("btree node %d: key %d out of order or bounds", loc, k)
 		}
 	}
 	if w.nodeFn != nil {
@@ -172,7 +172,7 @@ func (w *walker) walk(loc uint64, depth int, lo, hi uint64, hiOpen, isRoot bool)
 		if w.leafDepth < 0 {
 			w.leafDepth = depth
 		} else if w.leafDepth != depth {
-			return errs.Corruptf("btree leaf %d at depth %d, others at %d", loc, depth, w.leafDepth)
+			return persistent.Corruptf("btree leaf %d at depth %d, others at %d", loc, depth, w.leafDepth)
 		}
 		if w.fn != nil {
 			for i := 0; i < nr; i++ {
@@ -184,7 +184,7 @@ func (w *walker) walk(loc uint64, depth int, lo, hi uint64, hiOpen, isRoot bool)
 		return nil
 	}
 	if nr == 0 {
-		return errs.Corruptf("btree internal node %d is empty", loc)
+		return persistent.Corruptf("btree internal node %d is empty", loc)
 	}
 	for i := 0; i < nr; i++ {
 		chi, open := hi, hiOpen

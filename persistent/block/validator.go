@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
+	"github.com/dmfuse/dmfuse/persistent"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -49,7 +49,7 @@ const Magic = 27022010
 
 func checkMagic(b []byte, loc uint64) error {
 	if m := binary.LittleEndian.Uint64(b[32:]); m != Magic {
-		return errs.Corruptf("block %d: superblock magic %d, want %d", loc, m, Magic)
+		return persistent.Corruptf("block %d: superblock magic %d, want %d", loc, m, Magic)
 	}
 	return nil
 }
@@ -63,10 +63,10 @@ func (v *Validator) Prepare(b []byte, loc uint64) {
 // Verify checks a block read from loc.
 func (v *Validator) Verify(b []byte, loc uint64) error {
 	if got := binary.LittleEndian.Uint64(b[8:]); got != loc {
-		return errs.Corruptf("%s block %d: it says it is block %d", v.Name, loc, got)
+		return persistent.Corruptf("%s block %d: it says it is block %d", v.Name, loc, got)
 	}
 	if sum, want := binary.LittleEndian.Uint32(b), Checksum(b, v.Salt); sum != want {
-		return errs.Corruptf("%s block %d: checksum %#08x, want %#08x", v.Name, loc, sum, want)
+		return persistent.Corruptf("%s block %d: checksum %#08x, want %#08x", v.Name, loc, sum, want)
 	}
 	if v.Check != nil {
 		return v.Check(b, loc)

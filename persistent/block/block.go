@@ -18,7 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
+	"github.com/dmfuse/dmfuse/persistent"
 )
 
 // Size is the metadata block size in bytes.
@@ -217,19 +217,19 @@ func (m *Manager) write(b *Block) error {
 // lockErr says why a cached block could not be locked.
 func lockErr(write bool, v *Validator, loc uint64) error {
 	if write {
-		return errs.Corruptf("%s block %d is written while it is locked", v.Name, loc)
+		return persistent.Corruptf("%s block %d is written while it is locked", v.Name, loc)
 	}
 	// Writers run alone (the pool's lock), so a block already locked
 	// for writing is one the caller holds itself: metadata that points
 	// back into its own path. Waiting would deadlock.
-	return errs.Corruptf("%s block %d is read while it is being written", v.Name, loc)
+	return persistent.Corruptf("%s block %d is read while it is being written", v.Name, loc)
 }
 
 // get returns the block at loc locked for reading, or for writing when
 // write is set; zero (with write) zeroes it instead of reading it.
 func (m *Manager) get(loc uint64, v *Validator, write, zero bool) (*Block, error) {
 	if loc >= m.nrBlocks.Load() {
-		return nil, errs.Corruptf("%s block %d out of range (device has %d blocks)", v.Name, loc, m.nrBlocks.Load())
+		return nil, persistent.Corruptf("%s block %d out of range (device has %d blocks)", v.Name, loc, m.nrBlocks.Load())
 	}
 	if !write {
 		m.mu.RLock()
@@ -304,7 +304,7 @@ func (m *Manager) cached(b *Block, v *Validator, write, zero bool) (*Block, erro
 	}
 	if !zero && b.v != v {
 		m.release(b, write)
-		return nil, errs.Corruptf("block %d is a %s block, not a %s block", b.loc, b.v.Name, v.Name)
+		return nil, persistent.Corruptf("block %d is a %s block, not a %s block", b.loc, b.v.Name, v.Name)
 	}
 	return b, nil
 }
@@ -345,7 +345,7 @@ func (m *Manager) WriteLockZero(loc uint64, v *Validator) (*Block, error) {
 
 func (m *Manager) writeLock(loc uint64, v *Validator, zero bool) (*Block, error) {
 	if m.readOnly.Load() {
-		return nil, fmt.Errorf("write block %d: %w", loc, errs.ErrReadOnly)
+		return nil, fmt.Errorf("write block %d: %w", loc, persistent.ErrReadOnly)
 	}
 	b, err := m.get(loc, v, true, zero)
 	if err != nil {

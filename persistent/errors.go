@@ -1,6 +1,4 @@
-// Package errs holds the sentinel errors that the metadata layers share
-// with the public metadata package, which re-exports them.
-package errs
+package persistent
 
 import (
 	"errors"

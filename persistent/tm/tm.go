@@ -5,7 +5,7 @@
 package tm
 
 import (
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
+	"github.com/dmfuse/dmfuse/persistent/block"
 )
 
 // SpaceMap counts the references to metadata blocks.

@@ -8,9 +8,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/memdev"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/tm"
+	"github.com/dmfuse/dmfuse/internal/memdev"
+	"github.com/dmfuse/dmfuse/persistent/block"
+	"github.com/dmfuse/dmfuse/persistent/tm"
 )
 
 // mapSM is a space map in a Go map; blocks freed in a transaction are not
@@ -54,7 +54,7 @@ func (s *mapSM) commit() { clear(s.freed) }
 
 func newTree(t testing.TB, blocks int, vt ValueType) (*Info, *mapSM) {
 	t.Helper()
-	dev := memdev.New(blocks)
+	dev := memdev.New("meta", int64(blocks)*4096)
 	sm := &mapSM{n: uint64(blocks), counts: map[uint64]uint32{}, freed: map[uint64]bool{}}
 	return &Info{TM: tm.New(block.NewManager(dev, 64), sm), VT: vt}, sm
 }

@@ -1,8 +1,8 @@
 package btree
 
 import (
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/block"
-	"github.com/dmfuse/dmfuse/thin/metadata/internal/errs"
+	"github.com/dmfuse/dmfuse/persistent"
+	"github.com/dmfuse/dmfuse/persistent/block"
 )
 
 // Remove deletes key and drops its value's reference (ErrNotFound).
@@ -36,7 +36,7 @@ func Remove(info *Info, root, key uint64) (newRoot uint64, err error) {
 		}
 		i := n.lowerBound(key)
 		if i < 0 {
-			return root, errs.Corruptf("btree node %d lost key %d", b.Loc(), key)
+			return root, persistent.Corruptf("btree node %d lost key %d", b.Loc(), key)
 		}
 		cnr, cmax, err := peek(info, n.value64(i))
 		if err != nil {
@@ -59,7 +59,7 @@ func Remove(info *Info, root, key uint64) (newRoot uint64, err error) {
 	n := node(b.Data())
 	i := n.lowerBound(key)
 	if i < 0 || n.key(i) != key {
-		return root, errs.Corruptf("btree leaf %d lost key %d", b.Loc(), key)
+		return root, persistent.Corruptf("btree leaf %d lost key %d", b.Loc(), key)
 	}
 	if info.VT.Dec != nil {
 		if err := info.VT.Dec(n.value(i), 1); err != nil {
@@ -111,7 +111,7 @@ func rebalance(info *Info, pb *block.Block, i int) error {
 		li = i - 1
 	}
 	if li+1 >= p.nr() {
-		return errs.Corruptf("btree node %d: child %d has no sibling", pb.Loc(), i)
+		return persistent.Corruptf("btree node %d: child %d has no sibling", pb.Loc(), i)
 	}
 	lb, err := info.shadow(p.value64(li))
 	if err != nil {
@@ -127,7 +127,7 @@ func rebalance(info *Info, pb *block.Block, i int) error {
 	l, r := node(lb.Data()), node(rb.Data())
 	if l.max() != r.max() || l.valueSize() != r.valueSize() || l.isLeaf() != r.isLeaf() {
 		info.TM.Unlock(rb)
-		return errs.Corruptf("btree nodes %d and %d are siblings of different kinds", lb.Loc(), rb.Loc())
+		return persistent.Corruptf("btree nodes %d and %d are siblings of different kinds", lb.Loc(), rb.Loc())
 	}
 	nl, nr := l.nr(), r.nr()
 	total := nl + nr
@@ -168,10 +168,10 @@ func Del(info *Info, root uint64) error {
 
 func del(info *Info, loc uint64, depth int, seen map[uint64]bool) error {
 	if depth > MaxDepth {
-		return errs.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
+		return persistent.Corruptf("btree deeper than %d levels at %d", MaxDepth, loc)
 	}
 	if seen[loc] {
-		return errs.Corruptf("btree node %d is reached twice", loc)
+		return persistent.Corruptf("btree node %d is reached twice", loc)
 	}
 	c, err := info.TM.Count(loc)
 	if err != nil {
