@@ -17,10 +17,10 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/golden"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 	"github.com/dmfuse/dmfuse/stats"
-	"github.com/dmfuse/dmfuse/test/golden"
 )
 
 // lwBlockDev is a memory device with another logical block size.

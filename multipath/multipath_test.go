@@ -18,11 +18,11 @@ import (
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/dmarg"
+	"github.com/dmfuse/dmfuse/internal/golden"
 	"github.com/dmfuse/dmfuse/selectors"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 	"github.com/dmfuse/dmfuse/stats"
-	"github.com/dmfuse/dmfuse/test/golden"
 )
 
 // mpDev is an in-memory path device behind a stacktest.FaultDevice, which

@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/test/golden"
+	"github.com/dmfuse/dmfuse/internal/golden"
 )
 
 // checkGolden compares got with testdata/<name> (golden.Check).

@@ -9,7 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
-	goldenfile "github.com/dmfuse/dmfuse/test/golden"
+	goldenfile "github.com/dmfuse/dmfuse/internal/golden"
 )
 
 func msNs(ms int64) int64 { return ms * int64(time.Millisecond) }

@@ -21,7 +21,7 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/fs/export"
 
-	"github.com/dmfuse/dmfuse/test/golden"
+	"github.com/dmfuse/dmfuse/internal/golden"
 )
 
 // checkGolden compares got with the file at path (golden.Check).

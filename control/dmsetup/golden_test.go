@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/test/golden"
+	"github.com/dmfuse/dmfuse/internal/golden"
 )
 
 // TestDmsetupTranscript runs the verbs around stacked devices (ls --tree, deps,

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/golden"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/test/golden"
 )
 
 // TableDevs returns the devices the table cases of CheckTables open: memory

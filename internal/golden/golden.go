@@ -1,5 +1,6 @@
 // Package golden compares test output with golden files; `go test -update`
-// rewrites them. Only tests import it.
+// rewrites them. Library tests and the end-to-end tests of test/ share it;
+// only tests import it.
 package golden
 
 import (
