@@ -3,11 +3,12 @@ package fs
 import (
 	"sync"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
+
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/dmfuse/dmfuse/fs/uring"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 // ringFS is the file system the io_uring transport serves: go-fuse's
@@ -57,9 +58,9 @@ func (f *ringFS) MapDirect(nodeID uint64, write bool, off int64, n int, io *urin
 		return false
 	}
 	dn := v.(*devNode)
-	k := stats.Read
+	k := ioop.Read
 	if write {
-		k = stats.Write
+		k = ioop.Write
 	}
 	d := dn.dev.Direct(k, off, n)
 	if d == nil {

@@ -6,15 +6,15 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 // TestErrnoInjected: an error a fault target made up reaches the caller as
 // EIO, wrapped or not; other errors keep their errno; I/O an interrupt
 // ended is EINTR.
 func TestErrnoInjected(t *testing.T) {
-	inj := &stack.InjectedError{Target: "dust", Op: stats.Read}
+	inj := &stack.InjectedError{Target: "dust", Op: ioop.Read}
 	for _, c := range []struct {
 		err  error
 		want syscall.Errno

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/golden"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
 	"github.com/dmfuse/dmfuse/stats"
@@ -386,7 +387,7 @@ type lwOps struct {
 
 func newLWOps(t *testing.T) *lwOps {
 	data, _ := stacktest.NewMemFaultDevice("data", 1<<20)
-	gate := data.Inject(stacktest.Rule{Ops: stacktest.OpWrite | stacktest.OpFlush, Hold: true})
+	gate := data.Inject(stacktest.Rule{Ops: ioop.SetOf(ioop.Write, ioop.Flush), Hold: true})
 	t.Cleanup(gate.Remove)
 	return &lwOps{t: t, l: newTestLogWrites(t, data, stacktest.NewMemDevice("log", 1<<20)), gate: gate,
 		held: map[int64]*stacktest.Held{}, done: map[int64]chan error{}}
@@ -414,7 +415,7 @@ func (o *lwOps) submit(blk int64, fua bool) {
 	o.done[key] = ch
 	h := <-o.gate.Held()
 	got := h.Off
-	if h.Op == stacktest.OpFlush {
+	if h.Op == ioop.Flush {
 		got = -1
 	}
 	if got != key {
@@ -565,7 +566,7 @@ func TestLogWritesOrdering(t *testing.T) {
 func TestLogWritesFailedWriteLogged(t *testing.T) {
 	logd := stacktest.NewMemDevice("log", 1<<20)
 	data, _ := stacktest.NewMemFaultDevice("data", 1<<20)
-	data.Fail(stacktest.OpWrite, syscall.EIO)
+	data.Fail(ioop.SetOf(ioop.Write), syscall.EIO)
 	l := newTestLogWrites(t, data, logd)
 	if _, err := l.WriteAt(lwCtx, make([]byte, 512), 16*512); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("write to a failing device: %v, want EIO", err)

@@ -6,8 +6,8 @@ import (
 	"runtime"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 // releaseLocked re-drives every held I/O; the caller holds mu.
@@ -143,7 +143,7 @@ func isPathError(err error) bool {
 // (a table event) and retries the I/O on another path; with no path left it
 // waits while queue_if_no_path is set and otherwise fails (multipath_map_bio
 // and multipath_end_io_bio). n is the I/O's size in bytes.
-func (m *multipath) io(ctx context.Context, op stack.Op, p []byte, off, n int64) (int, error) {
+func (m *multipath) io(ctx context.Context, op ioop.Op, p []byte, off, n int64) (int, error) {
 	for {
 		pp, err := m.mapIO(ctx, int(n))
 		if err != nil {
@@ -160,15 +160,15 @@ func (m *multipath) io(ctx context.Context, op stack.Op, p []byte, off, n int64)
 		}
 		var got int
 		switch op {
-		case stats.Read:
+		case ioop.Read:
 			got, err = pp.dev.ReadAt(ctx, p, off)
-		case stats.Write:
+		case ioop.Write:
 			got, err = pp.dev.WriteAt(ctx, p, off)
-		case stats.Flush:
+		case ioop.Flush:
 			err = pp.dev.Flush(ctx)
-		case stats.Discard:
+		case ioop.Discard:
 			err = pp.dev.Discard(ctx, off, n)
-		case stats.Zeroes:
+		case ioop.Zeroes:
 			err = pp.dev.WriteZeroes(ctx, off, n)
 		}
 		if err == nil || !isPathError(err) {
@@ -197,12 +197,12 @@ func (m *multipath) io(ctx context.Context, op stack.Op, p []byte, off, n int64)
 
 // ReadAt implements Target.
 func (m *multipath) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	return m.io(ctx, stats.Read, p, off, int64(len(p)))
+	return m.io(ctx, ioop.Read, p, off, int64(len(p)))
 }
 
 // WriteAt implements Target.
 func (m *multipath) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	return m.io(ctx, stats.Write, p, off, int64(len(p)))
+	return m.io(ctx, ioop.Write, p, off, int64(len(p)))
 }
 
 // Flush implements Flusher. As in dm (num_flush_bios = 1), one empty flush
@@ -211,19 +211,19 @@ func (m *multipath) WriteAt(ctx context.Context, p []byte, off int64) (int, erro
 // them reaches it; sending one down every path would cost a flush per path
 // and fail when any single path fails, which multipath exists to hide.
 func (m *multipath) Flush(ctx context.Context) error {
-	_, err := m.io(ctx, stats.Flush, nil, 0, 0)
+	_, err := m.io(ctx, ioop.Flush, nil, 0, 0)
 	return err
 }
 
 // Discard implements Discarder: mapped to one path, like a write.
 func (m *multipath) Discard(ctx context.Context, off, n int64) error {
-	_, err := m.io(ctx, stats.Discard, nil, off, n)
+	_, err := m.io(ctx, ioop.Discard, nil, off, n)
 	return err
 }
 
 // WriteZeroes implements ZeroWriter: mapped to one path, like a write.
 func (m *multipath) WriteZeroes(ctx context.Context, off, n int64) error {
-	_, err := m.io(ctx, stats.Zeroes, nil, off, n)
+	_, err := m.io(ctx, ioop.Zeroes, nil, off, n)
 	return err
 }
 

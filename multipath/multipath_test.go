@@ -19,6 +19,7 @@ import (
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/dmarg"
 	"github.com/dmfuse/dmfuse/internal/golden"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/selectors"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stack/stacktest"
@@ -48,7 +49,7 @@ func (d *mpDev) setFail(err error) {
 		d.fail = nil
 	}
 	if err != nil {
-		d.fail = d.Fail(stacktest.OpAll, err)
+		d.fail = d.Fail(ioop.All, err)
 	}
 }
 
@@ -112,7 +113,7 @@ func (f *mpFixture) read(t *testing.T) error {
 func (f *mpFixture) reads(names ...string) []int64 {
 	var out []int64
 	for _, n := range names {
-		out = append(out, f.devs[n].Count(stacktest.OpRead))
+		out = append(out, f.devs[n].Count(ioop.SetOf(ioop.Read)))
 	}
 	return out
 }
@@ -490,7 +491,7 @@ func TestMultipathHSTStamp(t *testing.T) {
 		t.Fatal("historical-service-time does not ask for the high-resolution stamp")
 	}
 	for _, d := range f.devs {
-		d.Inject(stacktest.Rule{Ops: stacktest.OpRead, Hook: func(context.Context, stacktest.Op, int64, int64) { f.clock.Advance(100 * time.Microsecond) }})
+		d.Inject(stacktest.Rule{Ops: ioop.SetOf(ioop.Read), Hook: func(context.Context, ioop.Op, int64, int64) { f.clock.Advance(100 * time.Microsecond) }})
 	}
 	if err := f.read(t); err != nil {
 		t.Fatal(err)
@@ -570,7 +571,7 @@ func TestMultipathFlushOnePath(t *testing.T) {
 	if err := f.m.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if a, b := f.devs["8:16"].Count(stacktest.OpFlush), f.devs["8:32"].Count(stacktest.OpFlush); a+b != 1 {
+	if a, b := f.devs["8:16"].Count(ioop.SetOf(ioop.Flush)), f.devs["8:32"].Count(ioop.SetOf(ioop.Flush)); a+b != 1 {
 		t.Errorf("flushes %d + %d, want 1", a, b)
 	}
 	f.devs["8:32"].setFail(syscall.EIO)
@@ -582,7 +583,7 @@ func TestMultipathFlushOnePath(t *testing.T) {
 	}
 	// The first flush went to 8:16; the second was tried on 8:32, failed
 	// it, and went to 8:16; the third went to 8:16.
-	if got := f.devs["8:16"].Count(stacktest.OpFlush); got != 3 {
+	if got := f.devs["8:16"].Count(ioop.SetOf(ioop.Flush)); got != 3 {
 		t.Errorf("8:16 got %d flushes, want 3", got)
 	}
 	// Discard and write-zeroes map to one path as well.

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 // span is a byte range [off, end) of the segment.
@@ -18,10 +18,10 @@ type span struct{ off, end int64 }
 // once it is in the list.
 type entry struct {
 	next *entry
-	kind stack.Op // stats.Write, stats.Discard or stats.Zeroes
-	off  int64    // segment bytes
-	end  int64    // segment bytes
-	data []byte   // a write: the cached copy, end-off bytes
+	kind ioop.Op // ioop.Write, ioop.Discard or ioop.Zeroes
+	off  int64   // segment bytes
+	end  int64   // segment bytes
+	data []byte  // a write: the cached copy, end-off bytes
 	buf  *[]byte
 	// holes are the parts a later FUA write replaced on the device: never
 	// written back. Sorted, disjoint. Changed under wb (shared) and masks.
@@ -108,10 +108,10 @@ func bufClass(n int) int {
 	return bits.Len(uint((n - 1) / stack.SectorSize)) // ceil(log2(n/512))
 }
 
-func newEntry(kind stack.Op, off, n int64) *entry {
+func newEntry(kind ioop.Op, off, n int64) *entry {
 	e := entryPool.Get().(*entry)
 	e.kind, e.off, e.end = kind, off, off+n
-	if kind == stats.Write {
+	if kind == ioop.Write {
 		e.buf = getBuf(int(n))
 		e.data = (*e.buf)[:n]
 	}
@@ -503,9 +503,9 @@ func (p *powercut) drop(first *entry, k int64) {
 func (p *powercut) writeEntry(ctx context.Context, e *entry, keep int64) error {
 	return e.pieces(keep, func(a, b int64) error {
 		switch e.kind {
-		case stats.Discard:
+		case ioop.Discard:
 			return p.dev.Discard(ctx, p.start+a, b-a)
-		case stats.Zeroes:
+		case ioop.Zeroes:
 			return p.dev.WriteZeroes(ctx, p.start+a, b-a)
 		}
 		_, err := p.dev.WriteAt(ctx, e.data[a-e.off:b-e.off], p.start+a)

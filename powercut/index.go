@@ -5,7 +5,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // chunkShift sets the span of one index chunk: 1 MiB.
@@ -306,7 +306,7 @@ func (x *index) read(p []byte, off int64) {
 			x := c.ext[i]
 			s, t := max(x.off, a), min(x.end, b)
 			dst := p[s-off : t-off]
-			if x.e.kind == stats.Write {
+			if x.e.kind == ioop.Write {
 				copy(dst, x.e.data[s-x.e.off:t-x.e.off])
 			} else {
 				clear(dst)

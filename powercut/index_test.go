@@ -4,8 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 // TestPowercutIndexForms: the slice index of a small target and the map
@@ -53,7 +53,7 @@ func TestPowercutIndexForms(t *testing.T) {
 			end := min(size, off+1+rng.Int64N(3<<chunkShift/2))
 			switch r := rng.IntN(100); {
 			case r < 60:
-				e := &entry{kind: stats.Write, off: off, end: end}
+				e := &entry{kind: ioop.Write, off: off, end: end}
 				ents = append(ents, e)
 				x.put(off, end, e)
 				for i := off; i < end; i++ {

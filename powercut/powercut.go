@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 )
 
 // Type is the powercut target type: a disk with a volatile write cache
@@ -327,7 +327,7 @@ func (p *powercut) WriteAt(ctx context.Context, b []byte, off int64) (int, error
 			return n, err
 		}
 	}
-	e := newEntry(stats.Write, off, int64(len(b)))
+	e := newEntry(ioop.Write, off, int64(len(b)))
 	copy(e.data, b)
 	if err := p.add(ctx, e); err != nil {
 		return 0, err
@@ -367,15 +367,15 @@ func (p *powercut) writeAround(ctx context.Context, b []byte, off int64) (n int,
 // Discard implements Discarder: the discard is cached like a write; a
 // cached discard reads as zeros.
 func (p *powercut) Discard(ctx context.Context, off, n int64) error {
-	return p.span(ctx, stats.Discard, off, n)
+	return p.span(ctx, ioop.Discard, off, n)
 }
 
 // WriteZeroes implements ZeroWriter: write-zeroes is cached like a write.
 func (p *powercut) WriteZeroes(ctx context.Context, off, n int64) error {
-	return p.span(ctx, stats.Zeroes, off, n)
+	return p.span(ctx, ioop.Zeroes, off, n)
 }
 
-func (p *powercut) span(ctx context.Context, kind stack.Op, off, n int64) error {
+func (p *powercut) span(ctx context.Context, kind ioop.Op, off, n int64) error {
 	if p.down.Load() {
 		return syscall.EIO
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/internal/hints"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/logwrites"
 	"github.com/dmfuse/dmfuse/multipath"
 	"github.com/dmfuse/dmfuse/powercut"
@@ -43,19 +44,19 @@ type pcRecDev struct {
 func newPCRecDev(name string, sectors int64) *pcRecDev {
 	f, mem := stacktest.NewMemFaultDevice(name, sectors*pcSector)
 	d := &pcRecDev{FaultDevice: f, mem: mem}
-	f.Inject(stacktest.Rule{Ops: stacktest.OpAll &^ stacktest.OpRead, Hook: func(ctx context.Context, op stacktest.Op, off, n int64) {
+	f.Inject(stacktest.Rule{Ops: ioop.All &^ ioop.SetOf(ioop.Read), Hook: func(ctx context.Context, op ioop.Op, off, n int64) {
 		var s string
 		switch op {
-		case stacktest.OpWrite:
+		case ioop.Write:
 			s = fmt.Sprintf("w %d %d", off, n)
 			if stack.FUA(ctx) {
 				s = fmt.Sprintf("w+fua %d %d", off, n)
 			}
-		case stacktest.OpDiscard:
+		case ioop.Discard:
 			s = fmt.Sprintf("d %d %d", off, n)
-		case stacktest.OpWriteZeroes:
+		case ioop.Zeroes:
 			s = fmt.Sprintf("z %d %d", off, n)
-		case stacktest.OpFlush:
+		case ioop.Flush:
 			s = "flush"
 		}
 		d.mu.Lock()
@@ -1128,7 +1129,7 @@ func TestPowercutDeviceErrors(t *testing.T) {
 	ctx := context.Background()
 	pc.write(fill('a', 8*pcSector), 0)
 	pc.write(fill('b', 8*pcSector), 8*pcSector)
-	fail := dev.Fail(stacktest.OpWrite, syscall.EIO)
+	fail := dev.Fail(ioop.SetOf(ioop.Write), syscall.EIO)
 	if err := pc.Target.(stack.Flusher).Flush(ctx); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("flush with a failing device: %v, want EIO", err)
 	}
@@ -1153,7 +1154,7 @@ func TestPowercutDeviceErrors(t *testing.T) {
 
 	// A failed write-back of the destager that a flush has made good since
 	// is not reported.
-	fail = dev.Fail(stacktest.OpWrite, syscall.EIO)
+	fail = dev.Fail(ioop.SetOf(ioop.Write), syscall.EIO)
 	pc.write(fill('e', 16*pcSector), 0)
 	pc.write(fill('e', pcSector), 16*pcSector)
 	pc.settle()
@@ -1172,7 +1173,7 @@ func TestPowercutReadRetries(t *testing.T) {
 	dev, _ := stacktest.NewMemFaultDevice("mem", 64*pcSector)
 	pc := newPC(t, dev, "")
 	reads := 0
-	dev.Inject(stacktest.Rule{Ops: stacktest.OpRead, Hook: func(context.Context, stacktest.Op, int64, int64) {
+	dev.Inject(stacktest.Rule{Ops: ioop.SetOf(ioop.Read), Hook: func(context.Context, ioop.Op, int64, int64) {
 		// The first three device reads each see a write-back happen
 		// under them; later ones (the read then holds write-backs off)
 		// must not flush.
@@ -1551,7 +1552,7 @@ func TestPowercutWaiting(t *testing.T) {
 
 	// A FUA write that finds a long write-back under way.
 	writes(context.Background(), 1100)
-	gate := dev.Inject(stacktest.Rule{Ops: stacktest.OpWrite, Hold: true, Times: 1})
+	gate := dev.Inject(stacktest.Rule{Ops: ioop.SetOf(ioop.Write), Hold: true, Times: 1})
 	errs := make(chan error, 2)
 	go func() { errs <- flush(context.Background()) }()
 	held := <-gate.Held()
@@ -1595,7 +1596,7 @@ func TestPowercutWriteAround(t *testing.T) {
 	for i := range 32 {
 		write(fill(byte(i+1), 4096), int64(i)*4096)
 	}
-	gate := dev.Inject(stacktest.Rule{Ops: stacktest.OpWrite, Hold: true, Times: 1})
+	gate := dev.Inject(stacktest.Rule{Ops: ioop.SetOf(ioop.Write), Hold: true, Times: 1})
 	var wg sync.WaitGroup
 	b := fill(0xd0, 4096)
 	copy(want[128<<10:], b)

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -16,7 +17,7 @@ import (
 type piece struct {
 	context.Context
 	disk    *stats.Disk
-	op      stats.Op
+	op      ioop.Op
 	start   int64           // arrival, in the disk clock's ns
 	started atomic.Bool     // set once, by whichever of StartAccounting and finish comes first
 	at      [2]int64        // device bytes [at[0], at[0]+at[1]), for dm-stats regions
@@ -35,7 +36,7 @@ func (p *piece) Value(key any) any {
 
 var piecePool = sync.Pool{New: func() any { return new(piece) }}
 
-func newPiece(ctx context.Context, disk *stats.Disk, op stats.Op) *piece {
+func newPiece(ctx context.Context, disk *stats.Disk, op ioop.Op) *piece {
 	p := piecePool.Get().(*piece)
 	p.Context, p.disk, p.op = ctx, disk, op
 	p.started.Store(false)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -130,7 +131,7 @@ func BenchmarkTableSplit(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(buf)))
 	for b.Loop() {
-		if _, err := t.rw(ctx, disk, stats.Read, buf, 4096); err != nil {
+		if _, err := t.rw(ctx, disk, ioop.Read, buf, 4096); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -161,7 +162,7 @@ func BenchmarkAccount(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
 		for pb.Next() {
-			p := newPiece(ctx, disk, stats.Read)
+			p := newPiece(ctx, disk, ioop.Read)
 			p.startAcct()
 			p.finish(8*SectorSize, nil)
 		}

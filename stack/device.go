@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -228,7 +229,7 @@ func (d *Device) readOnce(ctx context.Context, p []byte, off int64) (int, error)
 	if rem := t.size - off; int64(len(p)) > rem {
 		p = p[:rem]
 	}
-	return t.rw(ctx, d.disk, stats.Read, p, off)
+	return t.rw(ctx, d.disk, ioop.Read, p, off)
 }
 
 // writeOnce is one pass of WriteAt through the gate and the live table.
@@ -253,7 +254,7 @@ func (d *Device) writeOnce(ctx context.Context, p []byte, off int64) (int, error
 	if rem := t.size - off; int64(len(p)) > rem {
 		p = p[:rem]
 	}
-	return t.rw(ctx, d.disk, stats.Write, p, off)
+	return t.rw(ctx, d.disk, ioop.Write, p, off)
 }
 
 // Flush sends an empty flush to every target (and so to every underlying
@@ -278,15 +279,15 @@ func (d *Device) flushOnce(ctx context.Context) error {
 
 // Discard discards [off, off+n), clipped to the device.
 func (d *Device) Discard(ctx context.Context, off, n int64) error {
-	return d.span(ctx, stats.Discard, off, n)
+	return d.span(ctx, ioop.Discard, off, n)
 }
 
 // WriteZeroes zeroes [off, off+n), clipped to the device.
 func (d *Device) WriteZeroes(ctx context.Context, off, n int64) error {
-	return d.span(ctx, stats.Zeroes, off, n)
+	return d.span(ctx, ioop.Zeroes, off, n)
 }
 
-func (d *Device) span(ctx context.Context, k Op, off, n int64) error {
+func (d *Device) span(ctx context.Context, k ioop.Op, off, n int64) error {
 	for {
 		err := d.spanOnce(ctx, k, off, n)
 		if again, err := d.pushedBack(err); !again {
@@ -297,7 +298,7 @@ func (d *Device) span(ctx context.Context, k Op, off, n int64) error {
 
 // spanOnce is one pass of span. A discard or write-zeroes that is pushed
 // back is issued again whole: both are idempotent.
-func (d *Device) spanOnce(ctx context.Context, k Op, off, n int64) error {
+func (d *Device) spanOnce(ctx context.Context, k ioop.Op, off, n int64) error {
 	t, g, err := d.enter(ctx)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -32,7 +33,7 @@ type DirectIO struct {
 	d     *Device
 	dev   *fileDev
 	shard int
-	k     Op
+	k     ioop.Op
 	n     int64
 	start int64
 	rr    stats.RegionRef
@@ -40,15 +41,15 @@ type DirectIO struct {
 
 var directs = sync.Pool{New: func() any { return new(DirectIO) }}
 
-// Direct starts a read (k stats.Read) of n bytes at off as a DirectIO, if
+// Direct starts a read (k ioop.Read) of n bytes at off as a DirectIO, if
 // the live table maps all of them onto one backing file that io_uring
 // reads without a worker thread, through a linear target; otherwise (a
 // write, another target, a request crossing the end or a target's I/O
 // size limit, dm-stats done by the target), or while the device is
 // suspended, it returns nil and the caller uses ReadAt or WriteAt, which
 // also wait where the device says so.
-func (d *Device) Direct(k Op, off int64, n int) *DirectIO {
-	if k != stats.Read || n <= 0 || off < 0 {
+func (d *Device) Direct(k ioop.Op, off int64, n int) *DirectIO {
+	if k != ioop.Read || n <= 0 || off < 0 {
 		return nil
 	}
 	g, ok := d.gate.tryEnter()

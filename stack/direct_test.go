@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -40,7 +41,7 @@ func TestDirect(t *testing.T) {
 	f, data := directFile(t)
 	d := liveDevice(t, "0 16 linear f 8\n16 16 zero", map[string]BlockDevice{"f": f}, nil)
 
-	io := d.Direct(stats.Read, 1024, 2048)
+	io := d.Direct(ioop.Read, 1024, 2048)
 	if io == nil {
 		t.Fatal("a read inside the linear segment was refused")
 	}
@@ -68,27 +69,27 @@ func TestDirect(t *testing.T) {
 
 	// A short read (the file shrank) is finished by End, with zeros past
 	// the end of the file; an error result is the request's error.
-	io = d.Direct(stats.Read, 0, 4096)
+	io = d.Direct(ioop.Read, 0, 4096)
 	buf = make([]byte, 4096)
 	copy(buf, data[8*SectorSize:][:100])
 	if n, err := io.End(context.Background(), buf, 100); n != 4096 || err != nil || !bytes.Equal(buf, data[8*SectorSize:][:4096]) {
 		t.Errorf("short read finished as %d, %v", n, err)
 	}
-	io = d.Direct(stats.Read, 0, 512)
+	io = d.Direct(ioop.Read, 0, 512)
 	if _, err := io.End(context.Background(), make([]byte, 512), -int(syscall.EIO)); err != syscall.EIO {
 		t.Errorf("failed read: %v", err)
 	}
 
 	for _, tc := range []struct {
 		name   string
-		k      Op
+		k      ioop.Op
 		off, n int
 	}{
-		{"write", stats.Write, 0, 512},
-		{"crossing segments", stats.Read, 15 * SectorSize, 2 * SectorSize},
-		{"zero target", stats.Read, 16 * SectorSize, 512},
-		{"past the end", stats.Read, 32 * SectorSize, 512},
-		{"empty", stats.Read, 0, 0},
+		{"write", ioop.Write, 0, 512},
+		{"crossing segments", ioop.Read, 15 * SectorSize, 2 * SectorSize},
+		{"zero target", ioop.Read, 16 * SectorSize, 512},
+		{"past the end", ioop.Read, 32 * SectorSize, 512},
+		{"empty", ioop.Read, 0, 0},
 	} {
 		if io := d.Direct(tc.k, int64(tc.off), tc.n); io != nil {
 			t.Errorf("%s: went to the file", tc.name)
@@ -98,14 +99,14 @@ func TestDirect(t *testing.T) {
 	if err := d.Suspend(false); err != nil {
 		t.Fatal(err)
 	}
-	if io := d.Direct(stats.Read, 0, 512); io != nil {
+	if io := d.Direct(ioop.Read, 0, 512); io != nil {
 		t.Error("a read went to the file while the device is suspended")
 	}
 	if err := d.Resume(); err != nil {
 		t.Fatal(err)
 	}
 	f.asyncRead = false
-	if io := d.Direct(stats.Read, 0, 512); io != nil {
+	if io := d.Direct(ioop.Read, 0, 512); io != nil {
 		t.Error("a read went to a file that io_uring reads through a worker")
 	}
 }
@@ -115,7 +116,7 @@ func TestDirect(t *testing.T) {
 func TestDirectHoldsSuspend(t *testing.T) {
 	f, _ := directFile(t)
 	d := liveDevice(t, "0 16 linear f 0", map[string]BlockDevice{"f": f}, nil)
-	io := d.Direct(stats.Read, 0, 512)
+	io := d.Direct(ioop.Read, 0, 512)
 	done := make(chan error, 1)
 	go func() { done <- d.Suspend(false) }()
 	select {

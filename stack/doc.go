@@ -276,7 +276,7 @@
 //     MapAccounter targets may call StartAccounting: other targets' ctx may
 //     belong to the device above.
 //   - A flush is one piece for the whole table, counted once as a write of 0
-//     sectors (stats.Flush), whichever targets take it; the flush fields of
+//     sectors (ioop.Flush), whichever targets take it; the flush fields of
 //     diskstats stay 0, as for every bio-based dm device.
 //   - A discard or write-zeroes is one piece per segment (discards in the
 //     discard group, write-zeroes as writes); the write-zeroes fallback is

@@ -13,7 +13,7 @@ import (
 	"syscall"
 
 	"github.com/dmfuse/dmfuse/internal/dmarg"
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // Dust is the dust target type (dm-dust 1.0.0): a linear mapping that emulates
@@ -190,7 +190,7 @@ func (d *dust) writeOK(off int64) bool {
 // ReadAt implements Target.
 func (d *dust) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if !d.readOK(off) {
-		return 0, dustErrs.of(stats.Read)
+		return 0, dustErrs.of(ioop.Read)
 	}
 	StartAccounting(ctx)
 	return d.Remap.ReadAt(ctx, p, off)
@@ -199,7 +199,7 @@ func (d *dust) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 // WriteAt implements Target.
 func (d *dust) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if !d.writeOK(off) {
-		return 0, dustErrs.of(stats.Write)
+		return 0, dustErrs.of(ioop.Write)
 	}
 	StartAccounting(ctx)
 	return d.Remap.WriteAt(ctx, p, off)
@@ -213,7 +213,7 @@ func (d *dust) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 // that no listed block can have, so the flush passes.
 func (d *dust) Flush(ctx context.Context) error {
 	if d.Off+d.flushOff >= 0 && !d.writeOK(d.flushOff) {
-		return dustErrs.of(stats.Flush)
+		return dustErrs.of(ioop.Flush)
 	}
 	StartAccounting(ctx)
 	return d.Remap.Flush(ctx)
@@ -225,7 +225,7 @@ func (d *dust) Flush(ctx context.Context) error {
 // ti->max_io_len out), so dust_map sees it whole.
 func (d *dust) Discard(ctx context.Context, off, n int64) error {
 	if !d.writeOK(off) {
-		return dustErrs.of(stats.Discard)
+		return dustErrs.of(ioop.Discard)
 	}
 	StartAccounting(ctx)
 	return d.Remap.Discard(ctx, off, n)

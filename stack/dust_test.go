@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // newTestDust builds a dust target of length sectors over dev, logging to
@@ -455,15 +455,15 @@ func TestDustAccounting(t *testing.T) {
 	buf := make([]byte, 512)
 	for _, c := range []struct {
 		name string
-		op   stats.Op
+		op   ioop.Op
 		f    func(context.Context) error
 		want bool
 	}{
-		{"killed read", stats.Read, func(c context.Context) error { _, err := d.ReadAt(c, buf, 512); return err }, false},
-		{"killed write", stats.Write, func(c context.Context) error { _, err := d.WriteAt(c, buf, 512); return err }, false},
-		{"read of a good block", stats.Read, func(c context.Context) error { _, err := d.ReadAt(c, buf, 0); return err }, true},
-		{"clearing write", stats.Write, func(c context.Context) error { _, err := d.WriteAt(c, buf, 512); return err }, true},
-		{"discard", stats.Discard, func(c context.Context) error { return d.Discard(c, 0, 512) }, true},
+		{"killed read", ioop.Read, func(c context.Context) error { _, err := d.ReadAt(c, buf, 512); return err }, false},
+		{"killed write", ioop.Write, func(c context.Context) error { _, err := d.WriteAt(c, buf, 512); return err }, false},
+		{"read of a good block", ioop.Read, func(c context.Context) error { _, err := d.ReadAt(c, buf, 0); return err }, true},
+		{"clearing write", ioop.Write, func(c context.Context) error { _, err := d.WriteAt(c, buf, 512); return err }, true},
+		{"discard", ioop.Discard, func(c context.Context) error { return d.Discard(c, 0, 512) }, true},
 	} {
 		p := faultAcctPiece(c.op)
 		c.f(p)

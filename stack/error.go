@@ -4,7 +4,7 @@ import (
 	"context"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // Error fails every I/O with EIO. It is a wildcard type: it may replace an
@@ -47,17 +47,17 @@ func newError(c *Ctor, args []string) (Target, error) {
 func (errorTarget) AccountsAtMap() {}
 
 func (errorTarget) ReadAt(context.Context, []byte, int64) (int, error) {
-	return 0, errorErrs.of(stats.Read)
+	return 0, errorErrs.of(ioop.Read)
 }
 
 func (errorTarget) WriteAt(context.Context, []byte, int64) (int, error) {
-	return 0, errorErrs.of(stats.Write)
+	return 0, errorErrs.of(ioop.Write)
 }
 
 // Discard fails with EIO rather than "not supported": io_err_ctr sets
 // num_discard_bios and discards_supported. The target takes no
 // write-zeroes, so ZERO_RANGE reaches it as writes, which fail too.
-func (errorTarget) Discard(context.Context, int64, int64) error { return errorErrs.of(stats.Discard) }
+func (errorTarget) Discard(context.Context, int64, int64) error { return errorErrs.of(ioop.Discard) }
 
 // OwnsDiscards marks that discards fail here whatever the device takes.
 func (errorTarget) OwnsDiscards() {}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // Flakey is the flakey target type (dm-flakey 1.5.0): a linear mapping that is
@@ -300,7 +300,7 @@ func (f *flakey) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 		return f.Remap.ReadAt(ctx, p, off)
 	}
 	if f.errorReads {
-		return 0, flakeyErrs.of(stats.Read)
+		return 0, flakeyErrs.of(ioop.Read)
 	}
 	StartAccounting(ctx)
 	n, err := f.Remap.ReadAt(ctx, p, off)
@@ -326,7 +326,7 @@ func (f *flakey) WriteAt(ctx context.Context, p []byte, off int64) (int, error) 
 	case f.dropWrites:
 		return len(p), nil
 	case f.errorWrites:
-		return 0, flakeyErrs.of(stats.Write)
+		return 0, flakeyErrs.of(ioop.Write)
 	}
 	if len(p) == 0 {
 		return f.Remap.WriteAt(ctx, p, off)
@@ -394,7 +394,7 @@ func (f *flakey) draw(prob uint32, n int, pos *int, val *byte) bool {
 // nil) with drop_writes or failed (done, EIO) with error_writes; otherwise
 // (up, or down with other features, which have no data to corrupt) done is
 // false and the caller passes it down.
-func (f *flakey) downDataless(ctx context.Context, op Op) (done bool, err error) {
+func (f *flakey) downDataless(ctx context.Context, op ioop.Op) (done bool, err error) {
 	StartAccounting(ctx)
 	if f.isDown() {
 		switch {
@@ -409,7 +409,7 @@ func (f *flakey) downDataless(ctx context.Context, op Op) (done bool, err error)
 
 // Flush implements Flusher.
 func (f *flakey) Flush(ctx context.Context) error {
-	if done, err := f.downDataless(ctx, stats.Flush); done {
+	if done, err := f.downDataless(ctx, ioop.Flush); done {
 		return err
 	}
 	return f.Remap.Flush(ctx)
@@ -417,7 +417,7 @@ func (f *flakey) Flush(ctx context.Context) error {
 
 // Discard implements Discarder.
 func (f *flakey) Discard(ctx context.Context, off, n int64) error {
-	if done, err := f.downDataless(ctx, stats.Discard); done {
+	if done, err := f.downDataless(ctx, ioop.Discard); done {
 		return err
 	}
 	return f.Remap.Discard(ctx, off, n)

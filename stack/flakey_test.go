@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -68,7 +69,7 @@ func faultPattern(d *MemDevice) {
 }
 
 // faultAcctPiece returns an accounting piece of op, as the table hands targets.
-func faultAcctPiece(op stats.Op) *piece {
+func faultAcctPiece(op ioop.Op) *piece {
 	return newPiece(context.Background(), stats.NewDisk(&clock.Manual{}), op)
 }
 
@@ -506,7 +507,7 @@ func TestFlakeyAccounting(t *testing.T) {
 	// completes itself is.
 	dev := NewMemDevice("8:16", 2048*SectorSize)
 	buf := make([]byte, 512)
-	check := func(name string, op stats.Op, f func(ctx context.Context) error, wantStarted bool) {
+	check := func(name string, op ioop.Op, f func(ctx context.Context) error, wantStarted bool) {
 		t.Helper()
 		p := faultAcctPiece(op)
 		f(p)
@@ -515,16 +516,16 @@ func TestFlakeyAccounting(t *testing.T) {
 		}
 	}
 	fail := flakeyDown(t, dev, "")
-	check("killed read", stats.Read, func(c context.Context) error { _, err := fail.ReadAt(c, buf, 0); return err }, false)
-	check("error_writes write", stats.Write, func(c context.Context) error { _, err := fail.WriteAt(c, buf, 0); return err }, true)
-	check("error_writes flush", stats.Flush, fail.Flush, true)
+	check("killed read", ioop.Read, func(c context.Context) error { _, err := fail.ReadAt(c, buf, 0); return err }, false)
+	check("error_writes write", ioop.Write, func(c context.Context) error { _, err := fail.WriteAt(c, buf, 0); return err }, true)
+	check("error_writes flush", ioop.Flush, fail.Flush, true)
 	drop := flakeyDown(t, dev, "1 drop_writes")
-	check("passed read", stats.Read, func(c context.Context) error { _, err := drop.ReadAt(c, buf, 0); return err }, true)
-	check("dropped write", stats.Write, func(c context.Context) error { _, err := drop.WriteAt(c, buf, 0); return err }, true)
-	check("dropped discard", stats.Discard, func(c context.Context) error { return drop.Discard(c, 0, 512) }, true)
+	check("passed read", ioop.Read, func(c context.Context) error { _, err := drop.ReadAt(c, buf, 0); return err }, true)
+	check("dropped write", ioop.Write, func(c context.Context) error { _, err := drop.WriteAt(c, buf, 0); return err }, true)
+	check("dropped discard", ioop.Discard, func(c context.Context) error { return drop.Discard(c, 0, 512) }, true)
 	up := newTestFlakey(t, &clock.Manual{}, dev, "8:16 0 1 0")
-	check("read while up", stats.Read, func(c context.Context) error { _, err := up.ReadAt(c, buf, 0); return err }, true)
-	check("write while up", stats.Write, func(c context.Context) error { _, err := up.WriteAt(c, buf, 0); return err }, true)
+	check("read while up", ioop.Read, func(c context.Context) error { _, err := up.ReadAt(c, buf, 0); return err }, true)
+	check("write while up", ioop.Write, func(c context.Context) error { _, err := up.WriteAt(c, buf, 0); return err }, true)
 }
 
 func TestFlakeyConcurrentCorruption(t *testing.T) {

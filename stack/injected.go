@@ -4,7 +4,7 @@ import (
 	"errors"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // ErrInjected is matched (errors.Is) by every I/O error that a fault target
@@ -13,10 +13,6 @@ import (
 // for the errno see what the kernel's targets return (BLK_STS_IOERR).
 var ErrInjected = errors.New("injected fault")
 
-// Op is the kind of an I/O (stats.Op): stats.Read, stats.Write,
-// stats.Flush, stats.Discard or stats.Zeroes.
-type Op = stats.Op
-
 // InjectedError is an I/O error made up by a fault target: it unwraps to
 // EIO and matches ErrInjected. Targets return preallocated values (see
 // injectedErrors), so failing an I/O allocates nothing.
@@ -24,7 +20,7 @@ type InjectedError struct {
 	// Target is the target type that failed the I/O.
 	Target string
 	// Op is the kind of I/O it failed.
-	Op Op
+	Op ioop.Op
 }
 
 // Error returns "<target>: injected <op> error: input/output error".
@@ -39,16 +35,16 @@ func (e *InjectedError) Unwrap() error { return syscall.EIO }
 func (e *InjectedError) Is(target error) bool { return target == ErrInjected }
 
 // injectedErrors holds one InjectedError per kind of I/O for a target type.
-type injectedErrors [stats.NumOps]InjectedError
+type injectedErrors [ioop.NumOps]InjectedError
 
 // newInjectedErrors returns the errors of target type name.
 func newInjectedErrors(name string) *injectedErrors {
 	var e injectedErrors
 	for op := range e {
-		e[op] = InjectedError{Target: name, Op: Op(op)}
+		e[op] = InjectedError{Target: name, Op: ioop.Op(op)}
 	}
 	return &e
 }
 
 // of returns the error for op.
-func (e *injectedErrors) of(op Op) error { return &e[op] }
+func (e *injectedErrors) of(op ioop.Op) error { return &e[op] }

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // TestInjectedErrors: what error, flakey and dust make up is EIO, as the
@@ -78,7 +78,7 @@ func TestInjectedErrorsAllocateNothing(t *testing.T) {
 }
 
 func TestOpString(t *testing.T) {
-	for op, want := range map[Op]string{stats.Read: "read", stats.Write: "write", stats.Flush: "flush", stats.Discard: "discard", stats.Zeroes: "zeroes", stats.NumOps: "I/O"} {
+	for op, want := range map[ioop.Op]string{ioop.Read: "read", ioop.Write: "write", ioop.Flush: "flush", ioop.Discard: "discard", ioop.Zeroes: "zeroes", ioop.NumOps: "I/O"} {
 		if got := op.String(); got != want {
 			t.Errorf("%d: %q, want %q", op, got, want)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"syscall"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stats"
 )
 
@@ -12,7 +13,7 @@ import (
 // boundaries and at each target's MaxIO, and accounts each piece in disk. The
 // range must lie inside the table. It stops at the first failing piece and
 // returns its error; n counts the bytes of the pieces that succeeded before it.
-func (t *Table) rw(ctx context.Context, disk *stats.Disk, k Op, p []byte, off int64) (n int, err error) {
+func (t *Table) rw(ctx context.Context, disk *stats.Disk, k ioop.Op, p []byte, off int64) (n int, err error) {
 	for len(p) > 0 {
 		s := &t.segs[t.find(off)]
 		rel := off - s.start
@@ -50,8 +51,8 @@ func (t *Table) rw(ctx context.Context, disk *stats.Disk, k Op, p []byte, off in
 }
 
 // targetRW hands one piece to the segment's target.
-func (s *segment) targetRW(ctx context.Context, k Op, p []byte, off int64) (int, error) {
-	if k == stats.Read {
+func (s *segment) targetRW(ctx context.Context, k ioop.Op, p []byte, off int64) (int, error) {
+	if k == ioop.Read {
 		return s.target.ReadAt(ctx, p, off)
 	}
 	return s.target.WriteAt(ctx, p, off)
@@ -59,7 +60,7 @@ func (s *segment) targetRW(ctx context.Context, k Op, p []byte, off int64) (int,
 
 // mapRW hands one piece to a MapAccounter target, which decides when its
 // accounting starts (StartAccounting) or that it is killed at map time.
-func (s *segment) mapRW(ctx context.Context, disk *stats.Disk, k Op, p []byte, off int64) (int, error) {
+func (s *segment) mapRW(ctx context.Context, disk *stats.Disk, k ioop.Op, p []byte, off int64) (int, error) {
 	pc := newPiece(ctx, disk, k)
 	pc.at = [2]int64{s.start + off, int64(len(p))}
 	got, err := s.targetRW(pc, k, p, off)
@@ -80,15 +81,15 @@ func (s *segment) mapRW(ctx context.Context, disk *stats.Disk, k Op, p []byte, o
 //     device answers with EOPNOTSUPP, becomes ordinary writes of zeros
 //     (block/blk-lib.c: blkdev_issue_zeroout without
 //     BLKDEV_ZERO_NOFALLBACK falls back to blkdev_issue_zero_pages).
-func (t *Table) span(ctx context.Context, disk *stats.Disk, k Op, off, length int64) error {
+func (t *Table) span(ctx context.Context, disk *stats.Disk, k ioop.Op, off, length int64) error {
 	switch {
-	case k == stats.Discard && !t.limits.Discard:
+	case k == ioop.Discard && !t.limits.Discard:
 		return syscall.EOPNOTSUPP
-	case k == stats.Zeroes && !t.limits.WriteZeroes:
+	case k == ioop.Zeroes && !t.limits.WriteZeroes:
 		return t.zeroOut(ctx, disk, off, length)
 	}
 	err := t.pieces(ctx, disk, k, off, length)
-	if k == stats.Zeroes && errors.Is(err, syscall.EOPNOTSUPP) {
+	if k == ioop.Zeroes && errors.Is(err, syscall.EOPNOTSUPP) {
 		return t.zeroOut(ctx, disk, off, length)
 	}
 	return err
@@ -98,7 +99,7 @@ func (t *Table) span(ctx context.Context, disk *stats.Disk, k Op, off, length in
 // segment: the core splits these at segment ends only (drivers/md/dm.c:
 // __process_abnormal_io and __send_changing_extent_only leave
 // ti->max_io_len out). It stops at the first failing piece.
-func (t *Table) pieces(ctx context.Context, disk *stats.Disk, k Op, off, length int64) error {
+func (t *Table) pieces(ctx context.Context, disk *stats.Disk, k ioop.Op, off, length int64) error {
 	for length > 0 {
 		s := &t.segs[t.find(off)]
 		m := min(length, s.end-off)
@@ -109,7 +110,7 @@ func (t *Table) pieces(ctx context.Context, disk *stats.Disk, k Op, off, length 
 		}
 		// Limits guarantees the target takes the operation.
 		var err error
-		if k == stats.Discard {
+		if k == ioop.Discard {
 			err = s.target.(Discarder).Discard(pc, off-s.start, m)
 		} else {
 			err = s.target.(ZeroWriter).WriteZeroes(pc, off-s.start, m)
@@ -140,7 +141,7 @@ func (t *Table) zeroOut(ctx context.Context, disk *stats.Disk, off, length int64
 	var first error
 	for length > 0 {
 		m := min(length, zeroChunk)
-		if _, err := t.rw(ctx, disk, stats.Write, zeroPage[:m], off); err != nil && first == nil {
+		if _, err := t.rw(ctx, disk, ioop.Write, zeroPage[:m], off); err != nil && first == nil {
 			first = err
 		}
 		off, length = off+m, length-m
@@ -151,7 +152,7 @@ func (t *Table) zeroOut(ctx context.Context, disk *stats.Disk, off, length int64
 // flush sends one empty flush to every target that takes flushes; it is
 // accounted once, as a write of 0 sectors.
 func (t *Table) flush(ctx context.Context, disk *stats.Disk) error {
-	pc := newPiece(ctx, disk, stats.Flush)
+	pc := newPiece(ctx, disk, ioop.Flush)
 	pc.startAcct()
 	var first error
 	for i := range t.segs {

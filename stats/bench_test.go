@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // sharedDisk is the baseline for the benchmarks: the same accounting with one
@@ -30,26 +31,26 @@ func (d *sharedDisk) updateIOTicks(now int64, end bool) {
 	}
 }
 
-func (d *sharedDisk) Start(op Op, startNs int64) {
+func (d *sharedDisk) Start(op ioop.Op, startNs int64) {
 	d.updateIOTicks(startNs/TickNs, false)
-	d.inflight[op.dir()].Add(1)
+	d.inflight[dirOf(op)].Add(1)
 }
 
-func (d *sharedDisk) Done(op Op, sectors uint64, startNs int64) {
+func (d *sharedDisk) Done(op ioop.Op, sectors uint64, startNs int64) {
 	now := d.clock.Nanotime()
 	d.updateIOTicks(now/TickNs, true)
-	g := op.Group()
+	g := groupOf(op)
 	dur := max(now-startNs, 0)
 	d.ios[g].Add(1)
 	d.hist[g][bucketOf(dur)].Add(1)
 	d.sectors[g].Add(sectors)
 	d.nsecs[g].Add(uint64(dur))
-	d.inflight[op.dir()].Add(-1)
+	d.inflight[dirOf(op)].Add(-1)
 }
 
 type accounter interface {
-	Start(op Op, startNs int64)
-	Done(op Op, sectors uint64, startNs int64)
+	Start(op ioop.Op, startNs int64)
+	Done(op ioop.Op, sectors uint64, startNs int64)
 }
 
 // benchStartDone measures one I/O's accounting (clock read, Start, Done) with
@@ -59,8 +60,8 @@ func benchStartDone(b *testing.B, a accounter, clk clock.Clock) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			t0 := clk.Nanotime()
-			a.Start(Read, t0)
-			a.Done(Read, 8, t0)
+			a.Start(ioop.Read, t0)
+			a.Done(ioop.Read, 8, t0)
 		}
 	})
 }
@@ -86,8 +87,8 @@ func BenchmarkStartDoneCounters(b *testing.B) {
 			t0 := seed.Add(1 << 40)
 			for pb.Next() {
 				t0++
-				a.Start(Read, t0)
-				a.Done(Read, 8, t0)
+				a.Start(ioop.Read, t0)
+				a.Done(ioop.Read, 8, t0)
 			}
 		})
 	}
@@ -101,7 +102,7 @@ func BenchmarkStartDoneCounters(b *testing.B) {
 // read or a scrape), which sums every shard.
 func BenchmarkSnapshot(b *testing.B) {
 	d := NewDisk(clock.System)
-	d.Start(Read, d.Now())
+	d.Start(ioop.Read, d.Now())
 	b.ReportAllocs()
 	var buf []byte
 	for b.Loop() {

@@ -50,40 +50,8 @@ import (
 	"unsafe"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
-
-// Op is the kind of one I/O: what a request asks of a device, a target or a
-// path, and what its accounting counts. It is the one operation enum of
-// dmfuse (stack.Op names it too).
-type Op uint8
-
-const (
-	// Read is a read: group READ, direction read.
-	Read Op = iota
-	// Write is a write: group WRITE, direction write.
-	Write
-	// Flush is an empty flush (fsync): counted as a write of 0 sectors, as
-	// bio-based dm does; the kernel's flush fields (16 and 17) stay 0.
-	Flush
-	// Discard is a discard: group DISCARD, counted as a write in inflight.
-	Discard
-	// Zeroes is a write of zeroes (REQ_OP_WRITE_ZEROES): counted as a
-	// write.
-	Zeroes
-	// NumOps is the number of kinds, for tables indexed by Op.
-	NumOps
-)
-
-var opNames = [NumOps]string{Read: "read", Write: "write", Flush: "flush", Discard: "discard", Zeroes: "zeroes"}
-
-// String returns "read", "write", "flush", "discard" or "zeroes" ("I/O" for
-// a value out of range).
-func (op Op) String() string {
-	if op < NumOps {
-		return opNames[op]
-	}
-	return "I/O"
-}
 
 // Group is a statistics group of the kernel's disk_stats: the ios, sectors and
 // nsecs arrays are indexed by it.
@@ -106,23 +74,24 @@ func (g Group) String() string {
 	return "group?"
 }
 
-// Group returns the statistics group op is counted in.
-func (op Op) Group() Group {
+// groupOf returns the statistics group op is counted in: discards in
+// DISCARD, reads in READ, and everything else (writes, write-zeroes and
+// empty flushes, counted as writes of 0 sectors as bio-based dm does; the
+// kernel's flush fields 16 and 17 stay 0) in WRITE.
+func groupOf(op ioop.Op) Group {
 	switch op {
-	case Read:
+	case ioop.Read:
 		return GroupRead
-	case Discard:
+	case ioop.Discard:
 		return GroupDiscard
 	}
 	return GroupWrite
 }
 
-// IsWrite reports whether op counts as a write in the in-flight counts
-// (everything but Read).
-func (op Op) IsWrite() bool { return op != Read }
-
-func (op Op) dir() int {
-	if op == Read {
+// dirOf is op's direction in the in-flight counts: 0 for reads, 1 for
+// everything else (ioop.Op.IsWrite).
+func dirOf(op ioop.Op) int {
+	if op == ioop.Read {
 		return 0
 	}
 	return 1
@@ -255,7 +224,7 @@ func (d *Disk) Now() int64 {
 
 // shardOf returns the shard of the piece of kind op that started at startNs:
 // the top bits of a Fibonacci hash, so that consecutive nanoseconds spread.
-func (d *Disk) shardOf(op Op, startNs int64) *counters {
+func (d *Disk) shardOf(op ioop.Op, startNs int64) *counters {
 	h := (uint64(startNs) + uint64(op)) * 0x9E3779B97F4A7C15
 	return &d.shards[h>>d.shift].counters
 }
@@ -263,19 +232,19 @@ func (d *Disk) shardOf(op Op, startNs int64) *counters {
 // Start begins accounting of one piece that arrived at startNs (the disk
 // clock's time, as returned by Now): it updates io_ticks as of startNs, then
 // counts the piece in flight.
-func (d *Disk) Start(op Op, startNs int64) {
+func (d *Disk) Start(op ioop.Op, startNs int64) {
 	if !Accounting {
 		return
 	}
 	d.updateIOTicks(startNs/TickNs, false)
-	d.shardOf(op, startNs).inflight[op.dir()].Add(1)
+	d.shardOf(op, startNs).inflight[dirOf(op)].Add(1)
 }
 
 // Done ends accounting of one piece that Start counted, given the same op and
 // startNs, at the clock's current time: it updates io_ticks, adds one
 // completed I/O with its sectors and its duration since startNs to op's group,
 // and takes the piece out of flight.
-func (d *Disk) Done(op Op, sectors uint64, startNs int64) {
+func (d *Disk) Done(op ioop.Op, sectors uint64, startNs int64) {
 	if !Accounting {
 		return
 	}
@@ -286,13 +255,13 @@ func (d *Disk) Done(op Op, sectors uint64, startNs int64) {
 		dur = 0
 	}
 	s := d.shardOf(op, startNs)
-	g := &s.g[op.Group()]
+	g := &s.g[groupOf(op)]
 	g.hist[bucketOf(dur)].Add(1)
 	if sectors != 0 {
 		g.sectors.Add(sectors)
 	}
 	g.nsecs.Add(uint64(dur))
-	s.inflight[op.dir()].Add(-1)
+	s.inflight[dirOf(op)].Add(-1)
 }
 
 // updateIOTicks is block/blk-core.c: update_io_ticks. At most one caller per

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 	goldenfile "github.com/dmfuse/dmfuse/internal/golden"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 func msNs(ms int64) int64 { return ms * int64(time.Millisecond) }
@@ -26,7 +27,7 @@ func golden(t *testing.T, name string, got []byte) {
 }
 
 // doIO does one piece from startMs to endMs on the fake clock.
-func doIO(c *clock.Manual, d *Disk, op Op, sectors uint64, startMs, endMs int64) {
+func doIO(c *clock.Manual, d *Disk, op ioop.Op, sectors uint64, startMs, endMs int64) {
 	c.Set(msNs(startMs))
 	d.Start(op, msNs(startMs))
 	c.Set(msNs(endMs))
@@ -49,26 +50,26 @@ func TestWorkedExample(t *testing.T) {
 
 	// A: four sequential 8-sector reads, 3 ms each, 2 ms apart.
 	for _, t0 := range []int64{100, 105, 110, 115} {
-		doIO(c, d, Read, 8, t0, t0+3)
+		doIO(c, d, ioop.Read, 8, t0, t0+3)
 	}
 	checkFiles(t, "A", d)
 
 	// B: four reads issued together at 200, read at 205, completed at 210.
 	c.Set(msNs(200))
 	for range 4 {
-		d.Start(Read, msNs(200))
+		d.Start(ioop.Read, msNs(200))
 	}
 	c.Set(msNs(205))
 	checkFiles(t, "B205", d)
 	c.Set(msNs(210))
 	for range 4 {
-		d.Done(Read, 8, msNs(200))
+		d.Done(ioop.Read, 8, msNs(200))
 	}
 	checkFiles(t, "B210", d)
 
 	// C: a 16-sector write 300->302, then an empty flush 302->303.
-	doIO(c, d, Write, 16, 300, 302)
-	doIO(c, d, Flush, 0, 302, 303)
+	doIO(c, d, ioop.Write, 16, 300, 302)
+	doIO(c, d, ioop.Flush, 0, 302, 303)
 	checkFiles(t, "C", d)
 }
 
@@ -76,15 +77,15 @@ func TestWorkedExample(t *testing.T) {
 func TestWorkedExampleNoReader(t *testing.T) {
 	c, d := newFake()
 	for _, t0 := range []int64{100, 105, 110, 115} {
-		doIO(c, d, Read, 8, t0, t0+3)
+		doIO(c, d, ioop.Read, 8, t0, t0+3)
 	}
 	c.Set(msNs(200))
 	for range 4 {
-		d.Start(Read, msNs(200))
+		d.Start(ioop.Read, msNs(200))
 	}
 	c.Set(msNs(210))
 	for range 4 {
-		d.Done(Read, 8, msNs(200))
+		d.Done(ioop.Read, 8, msNs(200))
 	}
 	s := d.Snapshot()
 	golden(t, "B210.diskstats.golden", AppendDiskstats(nil, Major, 0, "linear0", &s))
@@ -95,7 +96,7 @@ func TestWorkedExampleNoReader(t *testing.T) {
 func TestHungIOBusyThroughReaders(t *testing.T) {
 	c, d := newFake()
 	c.Set(msNs(1000))
-	d.Start(Write, msNs(1000))
+	d.Start(ioop.Write, msNs(1000))
 	for _, at := range []int64{1500, 2000, 4000} {
 		c.Set(msNs(at))
 		s := d.Snapshot()
@@ -108,7 +109,7 @@ func TestHungIOBusyThroughReaders(t *testing.T) {
 		}
 	}
 	c.Set(msNs(5000))
-	d.Done(Write, 8, msNs(1000))
+	d.Done(ioop.Write, 8, msNs(1000))
 	s := d.Snapshot()
 	f := s.Fields()
 	if f[9] != 4000 || f[10] != 4000 || f[7] != 4000 || f[4] != 1 || f[8] != 0 {
@@ -127,14 +128,14 @@ func TestIOTicksOverlapAndGaps(t *testing.T) {
 	c, d := newFake()
 	// Two overlapping reads: 10..20 and 15..30, then a gap, then 50..51.
 	c.Set(msNs(10))
-	d.Start(Read, msNs(10))
+	d.Start(ioop.Read, msNs(10))
 	c.Set(msNs(15))
-	d.Start(Read, msNs(15))
+	d.Start(ioop.Read, msNs(15))
 	c.Set(msNs(20))
-	d.Done(Read, 8, msNs(10))
+	d.Done(ioop.Read, 8, msNs(10))
 	c.Set(msNs(30))
-	d.Done(Read, 8, msNs(15))
-	doIO(c, d, Read, 8, 50, 51)
+	d.Done(ioop.Read, 8, msNs(15))
+	doIO(c, d, ioop.Read, 8, 50, 51)
 	s := d.Snapshot()
 	if s.IOTicks != 21 {
 		t.Errorf("io_ticks %d, want 21 (10..30 and 50..51)", s.IOTicks)
@@ -147,17 +148,17 @@ func TestIOTicksOverlapAndGaps(t *testing.T) {
 	// tick boundary adds the tick.
 	c.Set(int64(100*time.Millisecond + 100*time.Microsecond))
 	t0 := c.Nanotime()
-	d.Start(Read, t0)
+	d.Start(ioop.Read, t0)
 	c.Set(int64(100*time.Millisecond + 300*time.Microsecond))
-	d.Done(Read, 1, t0)
+	d.Done(ioop.Read, 1, t0)
 	if s = d.Snapshot(); s.IOTicks != 21 {
 		t.Errorf("io_ticks %d, want 21", s.IOTicks)
 	}
 	c.Set(int64(101*time.Millisecond + 900*time.Microsecond))
 	t0 = c.Nanotime()
-	d.Start(Read, t0)
+	d.Start(ioop.Read, t0)
 	c.Set(int64(102*time.Millisecond + 100*time.Microsecond))
-	d.Done(Read, 1, t0)
+	d.Done(ioop.Read, 1, t0)
 	if s = d.Snapshot(); s.IOTicks != 22 {
 		t.Errorf("io_ticks %d, want 22", s.IOTicks)
 	}
@@ -167,11 +168,11 @@ func TestIOTicksOverlapAndGaps(t *testing.T) {
 // late) does not move the stamp back; its duration still counts from arrival.
 func TestStartInThePast(t *testing.T) {
 	c, d := newFake()
-	doIO(c, d, Read, 8, 100, 101) // stamp 101
+	doIO(c, d, ioop.Read, 8, 100, 101) // stamp 101
 	c.Set(msNs(120))
-	d.Start(Write, msNs(90)) // arrived at 90, started at 120
+	d.Start(ioop.Write, msNs(90)) // arrived at 90, started at 120
 	c.Set(msNs(125))
-	d.Done(Write, 8, msNs(90))
+	d.Done(ioop.Write, 8, msNs(90))
 	s := d.Snapshot()
 	f := s.Fields()
 	if f[7] != 35 {
@@ -186,7 +187,7 @@ func TestStartInThePast(t *testing.T) {
 // 11 divides the sum once, so it can exceed the sum of the others.
 func TestTimeFieldsFloorAndOneDivision(t *testing.T) {
 	c, d := newFake()
-	for _, op := range []Op{Read, Write, Discard} {
+	for _, op := range []ioop.Op{ioop.Read, ioop.Write, ioop.Discard} {
 		c.Set(int64(0))
 		d.Start(op, 0)
 		c.Set(int64(1500 * time.Microsecond))
@@ -219,10 +220,10 @@ func TestFieldTruncation(t *testing.T) {
 func TestGroupsAndDirections(t *testing.T) {
 	c, d := newFake()
 	c.Set(msNs(10))
-	d.Start(Read, msNs(10))
-	d.Start(Discard, msNs(10))
-	d.Start(Flush, msNs(10))
-	d.Start(Write, msNs(10))
+	d.Start(ioop.Read, msNs(10))
+	d.Start(ioop.Discard, msNs(10))
+	d.Start(ioop.Flush, msNs(10))
+	d.Start(ioop.Write, msNs(10))
 	s := d.Snapshot()
 	if s.InFlight != [2]uint32{1, 3} || s.InFlightTotal != 4 {
 		t.Errorf("in flight %v total %d, want [1 3] 4", s.InFlight, s.InFlightTotal)
@@ -231,10 +232,10 @@ func TestGroupsAndDirections(t *testing.T) {
 		t.Errorf("InFlight() %d %d", r, w)
 	}
 	c.Set(msNs(12))
-	d.Done(Read, 8, msNs(10))
-	d.Done(Discard, 2048, msNs(10))
-	d.Done(Flush, 0, msNs(10))
-	d.Done(Write, 16, msNs(10))
+	d.Done(ioop.Read, 8, msNs(10))
+	d.Done(ioop.Discard, 2048, msNs(10))
+	d.Done(ioop.Flush, 0, msNs(10))
+	d.Done(ioop.Write, 16, msNs(10))
 	s = d.Snapshot()
 	got := string(AppendDiskstats(nil, Major, 3, "dev", &s))
 	want := " 253       3 dev 1 0 8 2 2 0 16 4 0 2 8 1 0 2048 2 0 0\n"
@@ -262,7 +263,7 @@ func TestInFlightClamp(t *testing.T) {
 func TestShardSpread(t *testing.T) {
 	_, d := newFake()
 	for i := range int64(64 * len(d.shards)) {
-		d.Start(Read, 1e9+i)
+		d.Start(ioop.Read, 1e9+i)
 	}
 	for i := range d.shards {
 		if n := d.shards[i].inflight[0].Load(); n < 16 || n > 112 {
@@ -270,7 +271,7 @@ func TestShardSpread(t *testing.T) {
 		}
 	}
 	for i := range int64(64 * len(d.shards)) {
-		d.Done(Read, 1, 1e9+i)
+		d.Done(ioop.Read, 1, 1e9+i)
 	}
 	for i := range d.shards {
 		if n := d.shards[i].inflight[0].Load(); n != 0 {
@@ -351,7 +352,7 @@ func TestConcurrentExact(t *testing.T) {
 	// Odd workers complete their pieces on other goroutines, as when an I/O
 	// ends on another thread than the one that started it.
 	type piece struct {
-		op      Op
+		op      ioop.Op
 		sectors uint64
 		t0      int64
 	}
@@ -371,7 +372,7 @@ func TestConcurrentExact(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ops := []Op{Read, Write, Discard, Flush}
+			ops := []ioop.Op{ioop.Read, ioop.Write, ioop.Discard, ioop.Flush}
 			for i := range per {
 				op := ops[(w+i)%4]
 				t0 := d.Now()

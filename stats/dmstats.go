@@ -40,6 +40,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // MaxAreas is the most areas one region may have (the kernel's
@@ -62,7 +64,7 @@ type RegionRef struct {
 // StartAt is Start for a piece covering the bytes [off, off+n) of the device:
 // it also starts the piece in the areas of the device's dm-stats regions it
 // overlaps. Pass the result to DoneAt.
-func (d *Disk) StartAt(op Op, startNs int64, off, n int64) RegionRef {
+func (d *Disk) StartAt(op ioop.Op, startNs int64, off, n int64) RegionRef {
 	if !Accounting {
 		return RegionRef{}
 	}
@@ -76,7 +78,7 @@ func (d *Disk) StartAt(op Op, startNs int64, off, n int64) RegionRef {
 
 // DoneAt is Done for a piece that StartAt started: it also ends the piece in
 // the areas that StartAt counted it in.
-func (d *Disk) DoneAt(op Op, sectors uint64, startNs int64, r RegionRef) {
+func (d *Disk) DoneAt(op ioop.Op, sectors uint64, startNs int64, r RegionRef) {
 	if !Accounting {
 		return
 	}
@@ -103,7 +105,7 @@ const (
 	lastWrite uint32 = 2
 )
 
-func (s *regionSet) start(nowNs int64, op Op, off, n int64) RegionRef {
+func (s *regionSet) start(nowNs int64, op ioop.Op, off, n int64) RegionRef {
 	if n <= 0 || off < 0 {
 		return RegionRef{}
 	}

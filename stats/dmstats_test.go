@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
+
 	"github.com/VictoriaMetrics/metrics"
+
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/internal/dmarg"
 )
@@ -84,7 +87,7 @@ func errnoName(e syscall.Errno) string {
 
 // pieceIO runs one piece of sectors at sector from startNs to endNs on the
 // fake clock.
-func pieceIO(c *clock.Manual, d *Disk, op Op, sector, sectors uint64, startNs, endNs int64) {
+func pieceIO(c *clock.Manual, d *Disk, op ioop.Op, sector, sectors uint64, startNs, endNs int64) {
 	c.Set(startNs)
 	r := d.StartAt(op, startNs, int64(sector*512), int64(sectors*512))
 	c.Set(endNs)
@@ -110,7 +113,7 @@ func TestDMStatsWorkedExample(t *testing.T) {
 	// first piece the kernel's last position is sector ULLONG_MAX, not a
 	// write (dm_stats_init), so "a previous bio ended at a non-zero sector
 	// in the same direction" is true for a read, and merged needs sector 1.
-	pieceIO(c, d, Read, 0, 8, msNs(100), msNs(102))
+	pieceIO(c, d, ioop.Read, 0, 8, msNs(100), msNs(102))
 	tr.must("@stats_print 0 0 1", "0+512 1 0 8 2 0 0 0 0 0 2 2 2 0\n")
 	// Region 1 is precise: 2 ms = 2,000,000 ns, in the last histogram bucket.
 	tr.must("@stats_print 1 0 1", "0+30 1 0 8 2000000 0 0 0 0 0 2000000 2000000 2000000 0 0:0:1\n")
@@ -118,7 +121,7 @@ func TestDMStatsWorkedExample(t *testing.T) {
 	// An 8-sector read at sector 508 is counted in areas 0 and 1 with 4
 	// sectors each; the previous read ended at sector 8 (non-zero, same
 	// direction), so "merged" needs sector 1: not merged.
-	pieceIO(c, d, Read, 508, 8, msNs(110), msNs(111))
+	pieceIO(c, d, ioop.Read, 508, 8, msNs(110), msNs(111))
 	tr.must("@stats_print 0 - 2", "0+512 2 0 12 3 0 0 0 0 0 3 3 3 0\n512+512 1 0 4 1 0 0 0 0 0 1 1 1 0\n")
 	tr.fails("@stats_create 10+0 1", syscall.EINVAL)
 	tr.fails("@stats_create - 0", syscall.EINVAL)
@@ -140,7 +143,7 @@ func TestDMStatsWorkedExample(t *testing.T) {
 // position belongs to the device: deleting every region does not reset it.
 func TestDMStatsMergeStart(t *testing.T) {
 	type piece struct {
-		op     Op
+		op     ioop.Op
 		sector uint64
 	}
 	merges := func(d *Disk) (r, w string) {
@@ -156,13 +159,13 @@ func TestDMStatsMergeStart(t *testing.T) {
 		pieces []piece
 		r, w   string // read and write merges
 	}{
-		{"read at 1", []piece{{Read, 1}}, "1", "0"},
-		{"read at 0", []piece{{Read, 0}}, "0", "0"},
-		{"write at 0", []piece{{Write, 0}}, "0", "1"},
-		{"write at 1", []piece{{Write, 1}}, "0", "0"},
-		{"read at 1 twice", []piece{{Read, 1}, {Read, 1}}, "2", "0"},
-		{"write at 5 then read at 0", []piece{{Write, 5}, {Read, 0}}, "1", "0"},
-		{"discard at 0", []piece{{Discard, 0}}, "0", "1"},
+		{"read at 1", []piece{{ioop.Read, 1}}, "1", "0"},
+		{"read at 0", []piece{{ioop.Read, 0}}, "0", "0"},
+		{"write at 0", []piece{{ioop.Write, 0}}, "0", "1"},
+		{"write at 1", []piece{{ioop.Write, 1}}, "0", "0"},
+		{"read at 1 twice", []piece{{ioop.Read, 1}, {ioop.Read, 1}}, "2", "0"},
+		{"write at 5 then read at 0", []piece{{ioop.Write, 5}, {ioop.Read, 0}}, "1", "0"},
+		{"discard at 0", []piece{{ioop.Discard, 0}}, "0", "1"},
 	} {
 		c0, d := newFake()
 		if _, err := d.StatsCreate(RegionSpec{Len: 2048, Step: 2048, ProgramID: "-", Aux: "-"}); err != nil {
@@ -184,17 +187,17 @@ func TestDMStatsMergeStart(t *testing.T) {
 	if _, err := d.StatsCreate(spec); err != nil {
 		t.Fatal(err)
 	}
-	pieceIO(c0, d, Write, 100, 8, msNs(10), msNs(11))
+	pieceIO(c0, d, ioop.Write, 100, 8, msNs(10), msNs(11))
 	if err := d.StatsDelete(0); err != nil {
 		t.Fatal(err)
 	}
 	// Pieces while no region exists do not move the last position (the
 	// kernel accounts nothing for dm-stats then).
-	pieceIO(c0, d, Read, 100, 8, msNs(20), msNs(21))
+	pieceIO(c0, d, ioop.Read, 100, 8, msNs(20), msNs(21))
 	if _, err := d.StatsCreate(spec); err != nil {
 		t.Fatal(err)
 	}
-	pieceIO(c0, d, Write, 1, 8, msNs(30), msNs(31))
+	pieceIO(c0, d, ioop.Write, 1, 8, msNs(30), msNs(31))
 	if r, w := merges(d); r != "0" || w != "1" {
 		t.Errorf("after delete and create: merged reads %s, writes %s; want 0, 1", r, w)
 	}
@@ -209,32 +212,32 @@ func TestDMStatsRounding(t *testing.T) {
 	// R1 [100,110) and W1 [105,120) overlap from 105 to 110; a print at 107
 	// sees both in flight.
 	c.Set(msNs(100))
-	r1 := d.StartAt(Read, msNs(100), 0, 4096)
+	r1 := d.StartAt(ioop.Read, msNs(100), 0, 4096)
 	c.Set(msNs(105))
-	w1 := d.StartAt(Write, msNs(105), 8192, 4096)
+	w1 := d.StartAt(ioop.Write, msNs(105), 8192, 4096)
 	c.Set(msNs(107))
 	// 100..105: 1 in flight (5 ticks, tiq 5, read busy 5); 105..107: 2 in
 	// flight (2 ticks, tiq 4, read 2, write 2).
 	tr.must("@stats_print 0", "0+1024 0 0 0 0 0 0 0 0 2 7 9 7 2\n1024+1024 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
 	c.Set(msNs(110))
-	d.DoneAt(Read, 8, msNs(100), r1)
+	d.DoneAt(ioop.Read, 8, msNs(100), r1)
 	c.Set(msNs(120))
-	d.DoneAt(Write, 8, msNs(105), w1)
+	d.DoneAt(ioop.Write, 8, msNs(105), w1)
 	// 107..110: 2 in flight (3, tiq 6, r 3, w 3); 110..120: write only.
 	tr.must("@stats_print 0 0 1", "0+1024 1 0 8 10 1 0 8 15 0 20 25 10 15\n")
 	// A clear keeps nothing but in-flight; a print_clear prints then clears.
 	c.Set(msNs(130))
-	r2 := d.StartAt(Read, msNs(130), 1024*512, 512)
+	r2 := d.StartAt(ioop.Read, msNs(130), 1024*512, 512)
 	c.Set(msNs(131))
 	tr.must("@stats_print_clear 0 1 1", "1024+1024 0 0 0 0 0 0 0 0 1 1 1 1 0\n")
 	tr.must("@stats_print 0 1 1", "1024+1024 0 0 0 0 0 0 0 0 1 0 0 0 0\n")
 	c.Set(msNs(133))
-	d.DoneAt(Read, 1, msNs(130), r2)
+	d.DoneAt(ioop.Read, 1, msNs(130), r2)
 	tr.must("@stats_print 0 1 1", "1024+1024 1 0 1 3 0 0 0 0 0 2 2 2 0\n")
 	tr.must("@stats_clear 0", "")
 	tr.must("@stats_print 0", "0+1024 0 0 0 0 0 0 0 0 0 0 0 0 0\n1024+1024 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
 	// An empty flush is not counted.
-	pieceIO(c, d, Flush, 0, 0, msNs(140), msNs(141))
+	pieceIO(c, d, ioop.Flush, 0, 0, msNs(140), msNs(141))
 	tr.must("@stats_print 0 0 1", "0+1024 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
 	golden(t, "dmstats/rounding.golden", []byte(tr.b.String()))
 	if s := d.Snapshot(); s.IOs[GroupRead] != 2 || s.IOs[GroupWrite] != 2 {
@@ -252,11 +255,11 @@ func TestDMStatsAreas(t *testing.T) {
 	tr.must("@stats_create 0+5 /10", "2")  // step ceil(5/10) = 1
 	tr.must("@stats_list", "0: 10+100 30 - -\n1: 0+100 34 - -\n2: 0+5 1 - -\n")
 	// Sectors [0,50): region 0 gets [10,40) and [40,50); region 1 [0,34) and [34,50).
-	pieceIO(c, d, Write, 0, 50, msNs(10), msNs(12))
+	pieceIO(c, d, ioop.Write, 0, 50, msNs(10), msNs(12))
 	// Sectors [105,200): region 0 gets only [105,110), printed as 100+30.
-	pieceIO(c, d, Write, 105, 95, msNs(20), msNs(21))
+	pieceIO(c, d, ioop.Write, 105, 95, msNs(20), msNs(21))
 	// Sectors [39,41): one sector on each side of a boundary.
-	pieceIO(c, d, Read, 39, 2, msNs(30), msNs(30))
+	pieceIO(c, d, ioop.Read, 39, 2, msNs(30), msNs(30))
 	// The first write starts at sector 0 with no previous piece: merged (the
 	// kernel's quirk), in every area it touches.
 	tr.must("@stats_print 0", "10+30 1 0 1 0 1 1 30 2 0 2 2 0 2\n40+30 1 0 1 0 1 1 10 2 0 2 2 0 2\n"+
@@ -277,16 +280,16 @@ func TestDMStatsHistogram(t *testing.T) {
 	tr.must("@stats_create - 64 1 histogram:1,5", "1")
 	base := int64(10 * time.Second)
 	for _, ns := range []int64{0, 999, 1000, 1999, 2000, 2999, 3000, 1 << 40} {
-		pieceIO(c, d, Read, 1, 1, base, base+ns)
+		pieceIO(c, d, ioop.Read, 1, 1, base, base+ns)
 		base += int64(time.Hour)
 	}
 	// In ticks, on the ms region, starting at whole ms: 0, 1, 4, 5, 6 ms.
 	for _, ms := range []int64{0, 1, 4, 5, 6} {
-		pieceIO(c, d, Write, 2, 1, base, base+msNs(ms))
+		pieceIO(c, d, ioop.Write, 2, 1, base, base+msNs(ms))
 		base += int64(time.Hour)
 	}
 	// A piece from 0.9 ms to 1.1 ms crosses a tick: 1 tick.
-	pieceIO(c, d, Write, 2, 1, base+900_000, base+1_100_000)
+	pieceIO(c, d, ioop.Write, 2, 1, base+900_000, base+1_100_000)
 	h0, _ := tr.msg("@stats_print 0")
 	// Reads: 0 and 999 ns in bucket 0, 1000 and 1999 in 1, 2000 and 2999 in
 	// 2, 3000 and 2^40 in 3; writes: 0 in bucket 0, the other five in 3.
@@ -455,14 +458,14 @@ func TestDMStatsZeroCost(t *testing.T) {
 	c, d := newFake()
 	run := func() {
 		c.Advance(1000)
-		r := d.StartAt(Read, c.Nanotime(), 4096, 4096)
+		r := d.StartAt(ioop.Read, c.Nanotime(), 4096, 4096)
 		c.Advance(1000)
-		d.DoneAt(Read, 8, c.Nanotime()-1000, r)
+		d.DoneAt(ioop.Read, 8, c.Nanotime()-1000, r)
 	}
-	if r := d.StartAt(Read, 0, 0, 512); r != (RegionRef{}) {
+	if r := d.StartAt(ioop.Read, 0, 0, 512); r != (RegionRef{}) {
 		t.Fatalf("StartAt without regions returned %+v", r)
 	}
-	d.Done(Read, 1, 0)
+	d.Done(ioop.Read, 1, 0)
 	if n := testing.AllocsPerRun(100, run); n != 0 {
 		t.Errorf("%v allocations per piece without regions", n)
 	}
@@ -485,12 +488,12 @@ func TestDMStatsZeroCost(t *testing.T) {
 // created is not counted in it, so in-flight never goes negative.
 func TestDMStatsStartedBefore(t *testing.T) {
 	c, d := newFake()
-	r := d.StartAt(Write, 0, 0, 4096)
+	r := d.StartAt(ioop.Write, 0, 0, 4096)
 	if _, err := d.StatsCreate(RegionSpec{Len: 8, Step: 8, ProgramID: "-", Aux: "-"}); err != nil {
 		t.Fatal(err)
 	}
 	c.Set(msNs(5))
-	d.DoneAt(Write, 8, 0, r)
+	d.DoneAt(ioop.Write, 8, 0, r)
 	out, _ := d.StatsPrint(0, 0, 1, false)
 	if out != "0+8 0 0 0 0 0 0 0 0 0 0 0 0 0\n" {
 		t.Errorf("got %q", out)
@@ -512,8 +515,8 @@ func TestDMStatsConcurrent(t *testing.T) {
 			for i := range per {
 				off := int64((w*per+i)*37%4000) * 512
 				s := c.Advance(100_000)
-				r := d.StartAt(Op(i%3), s, off, 8*512)
-				d.DoneAt(Op(i%3), 8, s, r)
+				r := d.StartAt(ioop.Op(i%3), s, off, 8*512)
+				d.DoneAt(ioop.Op(i%3), 8, s, r)
 			}
 		})
 	}
@@ -617,11 +620,11 @@ func TestDMStatsPrometheus(t *testing.T) {
 	tr := &transcript{t: t, d: d, size: 2048}
 	tr.must("@stats_create - /4 1 histogram:1,5 ms", "0")
 	tr.must("@stats_create 0+8 8 2 precise_timestamps histogram:1000,2000 ns", "1")
-	tr.must("@stats_create - 1024", "2")                // no histogram: not exported
-	pieceIO(c, d, Read, 0, 8, msNs(10), msNs(10)+500)   // 0 ms, 500 ns
-	pieceIO(c, d, Write, 4, 8, msNs(20), msNs(20)+1500) // 0 ms, 1500 ns
-	pieceIO(c, d, Read, 600, 8, msNs(30), msNs(33))     // 3 ms
-	pieceIO(c, d, Read, 510, 4, msNs(40), msNs(50))     // 10 ms, two areas
+	tr.must("@stats_create - 1024", "2")                     // no histogram: not exported
+	pieceIO(c, d, ioop.Read, 0, 8, msNs(10), msNs(10)+500)   // 0 ms, 500 ns
+	pieceIO(c, d, ioop.Write, 4, 8, msNs(20), msNs(20)+1500) // 0 ms, 1500 ns
+	pieceIO(c, d, ioop.Read, 600, 8, msNs(30), msNs(33))     // 3 ms
+	pieceIO(c, d, ioop.Read, 510, 4, msNs(40), msNs(50))     // 10 ms, two areas
 	var b strings.Builder
 	WriteRegionHistograms(&b, []Named{{Name: "z", Disk: NewDisk(c)}, {Name: "dev", Disk: d}})
 	golden(t, "dmstats/prom.golden", []byte(b.String()))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 func readSample(t *testing.T, name string) []DiskstatsLine {
@@ -96,12 +97,12 @@ func TestIostatOutputOfOwnFiles(t *testing.T) {
 	// reads it.
 	c, d := newFake()
 	for _, t0 := range []int64{100, 105, 110, 115} {
-		doIO(c, d, Read, 8, t0, t0+3)
+		doIO(c, d, ioop.Read, 8, t0, t0+3)
 	}
 	s0 := d.Snapshot()
 	prev := AppendDiskstats(nil, Major, 0, "lin", &s0)
 	for t0 := int64(1000); t0 < 2000; t0 += 10 {
-		doIO(c, d, Write, 8, t0, t0+5)
+		doIO(c, d, ioop.Write, 8, t0, t0+5)
 	}
 	s1 := d.Snapshot()
 	cur := AppendDiskstats(nil, Major, 0, "lin", &s1)

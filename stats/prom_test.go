@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
+
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
@@ -22,23 +24,23 @@ func promFixture() (*clock.Manual, []Named) {
 	// a: TestWorkedExample's workload A plus a write, a discard and an empty
 	// flush.
 	for _, t0 := range []int64{100, 105, 110, 115} {
-		doIO(c, a, Read, 8, t0, t0+3)
+		doIO(c, a, ioop.Read, 8, t0, t0+3)
 	}
 	c.Set(int64(200 * time.Millisecond))
-	a.Start(Write, c.Nanotime())
+	a.Start(ioop.Write, c.Nanotime())
 	c.Set(int64(200*time.Millisecond + 40*time.Microsecond))
-	a.Done(Write, 16, msNs(200))
-	doIO(c, a, Discard, 2048, 300, 320)
-	doIO(c, a, Flush, 0, 400, 401)
+	a.Done(ioop.Write, 16, msNs(200))
+	doIO(c, a, ioop.Discard, 2048, 300, 320)
+	doIO(c, a, ioop.Flush, 0, 400, 401)
 	// One read still in flight on a.
 	c.Set(msNs(500))
-	a.Start(Read, msNs(500))
+	a.Start(ioop.Read, msNs(500))
 	c.Set(msNs(502))
 	// b: a device with a quote and a backslash in its name, one slow read.
-	doIO(c, b, Read, 1, 0, 0)
+	doIO(c, b, ioop.Read, 1, 0, 0)
 	c.Set(msNs(502))
-	b.Start(Read, msNs(490))
-	b.Done(Read, 8, msNs(490))
+	b.Start(ioop.Read, msNs(490))
+	b.Done(ioop.Read, 8, msNs(490))
 	return c, []Named{{`b"\x`, b}, {"a", a}}
 }
 

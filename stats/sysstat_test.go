@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dmfuse/dmfuse/internal/ioop"
 )
 
 // TestSysstatReadsOurFormat runs the real sysstat iostat over a diskstats file
@@ -26,11 +28,11 @@ func TestSysstatReadsOurFormat(t *testing.T) {
 	}
 	c, d := newFake()
 	for _, t0 := range []int64{100, 105, 110, 115} {
-		doIO(c, d, Read, 8, t0, t0+3)
+		doIO(c, d, ioop.Read, 8, t0, t0+3)
 	}
-	doIO(c, d, Write, 16, 300, 302)
-	doIO(c, d, Flush, 0, 302, 303)
-	doIO(c, d, Discard, 2048, 400, 407)
+	doIO(c, d, ioop.Write, 16, 300, 302)
+	doIO(c, d, ioop.Flush, 0, 302, 303)
+	doIO(c, d, ioop.Discard, 2048, 400, 407)
 	s := d.Snapshot()
 	text := AppendDiskstats(nil, Major, 10, "lin-a", &s)
 	text = AppendDiskstats(text, Major, 7, "delay-0.slow", &s)

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/internal/memdev"
+	"github.com/dmfuse/dmfuse/stack"
 )
 
 // MemDevice is an in-memory stack.BlockDevice. An I/O that does not lie

@@ -2,46 +2,12 @@ package stacktest
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
+	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stack"
 )
-
-// Op is a kind of I/O that reaches a FaultDevice. Ops combine into a mask,
-// as a Rule matches them.
-type Op uint8
-
-// The operations of a stack.BlockDevice.
-const (
-	OpRead Op = 1 << iota
-	OpWrite
-	OpFlush
-	OpDiscard
-	OpWriteZeroes
-
-	// OpAll matches every operation.
-	OpAll = OpRead | OpWrite | OpFlush | OpDiscard | OpWriteZeroes
-)
-
-var opNames = [...]string{"read", "write", "flush", "discard", "write-zeroes"}
-
-func (o Op) String() string {
-	var s string
-	for i, n := range opNames {
-		if o&(1<<i) != 0 {
-			if s != "" {
-				s += "|"
-			}
-			s += n
-		}
-	}
-	if s == "" {
-		return fmt.Sprintf("Op(%#x)", uint8(o))
-	}
-	return s
-}
 
 // Rule is one fault of a FaultDevice, in the manner of an error-injecting
 // file system: which I/O it matches, when it fires, and what it does then.
@@ -55,11 +21,11 @@ func (o Op) String() string {
 // device below. Rules fire in the order they were injected; the first one
 // whose Err is set ends the I/O.
 type Rule struct {
-	Ops      Op
+	Ops      ioop.Set
 	Off, Len int64
 	After    int64
 	Times    int64
-	Hook     func(ctx context.Context, op Op, off, n int64)
+	Hook     func(ctx context.Context, op ioop.Op, off, n int64)
 	Hold     bool
 	Err      error
 }
@@ -67,7 +33,7 @@ type Rule struct {
 // Held is one I/O a Hold rule holds: what it is, and Release, which lets it
 // go on (to Err or the device below).
 type Held struct {
-	Op       Op
+	Op       ioop.Op
 	Off, Len int64
 	release  chan struct{}
 	once     sync.Once
@@ -118,12 +84,12 @@ func (f *Fault) Remove() {
 }
 
 // match reports whether the rule fires on an I/O of op over [off, off+n).
-func (f *Fault) match(op Op, off, n int64) bool {
+func (f *Fault) match(op ioop.Op, off, n int64) bool {
 	r := &f.r
-	if r.Ops&op == 0 {
+	if !r.Ops.Has(op) {
 		return false
 	}
-	if r.Len > 0 && op != OpFlush && (off+n <= r.Off || off >= r.Off+r.Len) {
+	if r.Len > 0 && op != ioop.Flush && (off+n <= r.Off || off >= r.Off+r.Len) {
 		return false
 	}
 	if f.matched.Add(1) <= r.After {
@@ -140,7 +106,7 @@ func (f *Fault) match(op Op, off, n int64) bool {
 }
 
 // hold holds the I/O until it is released or the rule removed.
-func (f *Fault) hold(op Op, off, n int64) {
+func (f *Fault) hold(op ioop.Op, off, n int64) {
 	h := &Held{Op: op, Off: off, Len: n, release: make(chan struct{})}
 	f.mu.Lock()
 	if f.removed {
@@ -173,7 +139,7 @@ type FaultDevice struct {
 	name   string
 	mu     sync.Mutex // serialises changes of rules
 	rules  atomic.Pointer[[]*Fault]
-	counts [len(opNames)]atomic.Int64
+	counts [ioop.NumOps]atomic.Int64
 	limits atomic.Pointer[stack.Limits]
 }
 
@@ -215,7 +181,7 @@ func (d *FaultDevice) Inject(r Rule) *Fault {
 
 // Fail injects a rule that fails every I/O of ops with err (a shorthand
 // for Inject(Rule{Ops: ops, Err: err})).
-func (d *FaultDevice) Fail(ops Op, err error) *Fault {
+func (d *FaultDevice) Fail(ops ioop.Set, err error) *Fault {
 	return d.Inject(Rule{Ops: ops, Err: err})
 }
 
@@ -228,11 +194,11 @@ func (d *FaultDevice) Clear() {
 
 // Count returns how many I/Os of ops have reached the device, failed ones
 // included.
-func (d *FaultDevice) Count(ops Op) int64 {
+func (d *FaultDevice) Count(ops ioop.Set) int64 {
 	var n int64
-	for i := range d.counts {
-		if ops&(1<<i) != 0 {
-			n += d.counts[i].Load()
+	for op := range ioop.NumOps {
+		if ops.Has(op) {
+			n += d.counts[op].Load()
 		}
 	}
 	return n
@@ -243,12 +209,8 @@ func (d *FaultDevice) Device() stack.BlockDevice { return d.dev }
 
 // enter counts an I/O and applies the rules; it returns the error to fail
 // it with.
-func (d *FaultDevice) enter(ctx context.Context, op Op, off, n int64) error {
-	for i := range opNames {
-		if op == 1<<i {
-			d.counts[i].Add(1)
-		}
-	}
+func (d *FaultDevice) enter(ctx context.Context, op ioop.Op, off, n int64) error {
+	d.counts[op].Add(1)
 	for _, f := range *d.rules.Load() {
 		if !f.match(op, off, n) {
 			continue
@@ -268,7 +230,7 @@ func (d *FaultDevice) enter(ctx context.Context, op Op, off, n int64) error {
 
 // ReadAt implements stack.BlockDevice.
 func (d *FaultDevice) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if err := d.enter(ctx, OpRead, off, int64(len(p))); err != nil {
+	if err := d.enter(ctx, ioop.Read, off, int64(len(p))); err != nil {
 		return 0, err
 	}
 	return d.dev.ReadAt(ctx, p, off)
@@ -276,7 +238,7 @@ func (d *FaultDevice) ReadAt(ctx context.Context, p []byte, off int64) (int, err
 
 // WriteAt implements stack.BlockDevice.
 func (d *FaultDevice) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if err := d.enter(ctx, OpWrite, off, int64(len(p))); err != nil {
+	if err := d.enter(ctx, ioop.Write, off, int64(len(p))); err != nil {
 		return 0, err
 	}
 	return d.dev.WriteAt(ctx, p, off)
@@ -284,7 +246,7 @@ func (d *FaultDevice) WriteAt(ctx context.Context, p []byte, off int64) (int, er
 
 // Flush implements stack.BlockDevice.
 func (d *FaultDevice) Flush(ctx context.Context) error {
-	if err := d.enter(ctx, OpFlush, 0, 0); err != nil {
+	if err := d.enter(ctx, ioop.Flush, 0, 0); err != nil {
 		return err
 	}
 	return d.dev.Flush(ctx)
@@ -292,7 +254,7 @@ func (d *FaultDevice) Flush(ctx context.Context) error {
 
 // Discard implements stack.BlockDevice.
 func (d *FaultDevice) Discard(ctx context.Context, off, n int64) error {
-	if err := d.enter(ctx, OpDiscard, off, n); err != nil {
+	if err := d.enter(ctx, ioop.Discard, off, n); err != nil {
 		return err
 	}
 	return d.dev.Discard(ctx, off, n)
@@ -300,7 +262,7 @@ func (d *FaultDevice) Discard(ctx context.Context, off, n int64) error {
 
 // WriteZeroes implements stack.BlockDevice.
 func (d *FaultDevice) WriteZeroes(ctx context.Context, off, n int64) error {
-	if err := d.enter(ctx, OpWriteZeroes, off, n); err != nil {
+	if err := d.enter(ctx, ioop.Zeroes, off, n); err != nil {
 		return err
 	}
 	return d.dev.WriteZeroes(ctx, off, n)
