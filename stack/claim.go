@@ -1,10 +1,8 @@
 package stack
 
 import (
-	"errors"
 	"fmt"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -68,15 +66,4 @@ func releaseBlock(rdev uint64) {
 		delete(claims.m, rdev)
 		unix.Close(c.fd)
 	}
-}
-
-// lookupFailed is the error of a device argument that could not be opened:
-// "Device lookup failed: ARG: reason", with EBUSY kept (a device held
-// exclusively elsewhere, as dm_get_device answers) and EINVAL otherwise.
-func lookupFailed(arg string, err error) error {
-	e := &ArgError{Reason: fmt.Sprintf("Device lookup failed: %s: %v", arg, unwrapPath(err))}
-	if errors.Is(err, syscall.EBUSY) {
-		e.Errno = syscall.EBUSY
-	}
-	return e
 }

@@ -69,13 +69,6 @@ var (
 	_ Limiter     = (*Device)(nil)
 )
 
-func newDevice(name, uuid string, minor uint32, ino uint64, readOnly bool, clock Clock) *Device {
-	d := &Device{minor: minor, ino: ino, disk: stats.NewDisk(clock)}
-	d.gate.init()
-	d.mu.name, d.mu.uuid, d.mu.readOnly = name, uuid, readOnly
-	return d
-}
-
 // Name returns the device's current name.
 func (d *Device) Name() string {
 	d.mu.Lock()

@@ -7,9 +7,17 @@
 // package's public target API: delay (and its scheduler), multipath (with the
 // path selectors of package selectors), log-writes (package logwrites, with
 // its log format and replay-log), powercut, and thin-pool and thin (package
-// thin, with the kernel's metadata format in thin/metadata). Package
-// internal/targets lists every target type; the counters are package
-// stats'.
+// thin, with the kernel's metadata format in thin/metadata over the
+// persistent-data library in package persistent). Package targets lists
+// every target type; the counters are package stats'.
+//
+// The Manager's verbs each have a file named after them: create.go,
+// load.go (load and clear), suspend.go, resume.go, remove.go (remove,
+// remove_all, deferred removal), rename.go (rename, set-uuid), message.go,
+// wait.go and info.go (info, table, status, deps); resolve.go resolves the
+// device arguments of tables (names, numbers, paths, in-process stacking and
+// exported devices), and exporter.go is what the manager asks of the block
+// devices its devices are exported as.
 //
 // # Request flow
 //
@@ -344,14 +352,15 @@
 //     arguments only through Ctor.Open (OpenArea, OpenRemap); a StatusTable
 //     form the constructor reads back; and a compile-time assertion for each
 //     optional interface it implements, as linear.go has them.
-//  2. A line in the list of every target type, internal/targets (All):
-//     the dmfuse command registers that list, and the conformance suite
-//     walks it.
-//  3. An entry in stacktest.Cases: the parameters that make the type usable
-//     over memory devices, what it does with data, and the checks that do not
-//     apply, with the reason. stacktest.RunRegistry fails for a registered
-//     type without one, and the type must pass every check that applies.
-//  4. Unit tests for its logic (stacktest.FaultDevice fails, holds and
+//  2. Its entry in package targets: one short file holding the type and its
+//     conformance case (the parameters that make it usable over memory
+//     devices and backing files, what it does with data, what it needs built
+//     below it, and the checks that do not apply, each with the reason the
+//     kernel's behaviour gives), and a line in targets.All. The dmfuse
+//     command registers that list, and the conformance suite
+//     (targets/conformance) runs every check that applies on it, in process
+//     and through a mounted file on both transports.
+//  3. Unit tests for its logic (stacktest.FaultDevice fails, holds and
 //     counts the I/O that reaches its devices), its table and status lines in
 //     testdata/tables.in (golden; stacktest.CheckTables for a package of its
 //     own), and a fuzz target for its constructor and its messages.

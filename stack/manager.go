@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -88,10 +85,11 @@ type ManagerOptions struct {
 	CoreMessage func(d *Device, args []string) (string, error)
 
 	// Open, when set, resolves the device arguments of every table the
-	// manager builds in place of its own lookup of paths, MAJOR:MINOR and
-	// mapped device names, so that tables can be built over devices that are
-	// not files (stacktest.Opener serves memory devices). What it returns is
-	// closed with the table if it has a Close method.
+	// manager builds that name none of its own devices, in place of its
+	// lookup of paths and block devices, so that tables can be built over
+	// devices that are not files (stacktest.Opener serves memory devices)
+	// and still stack on the manager's devices. What it returns is closed
+	// with the table if it has a Close method.
 	Open func(arg string) (BlockDevice, error)
 
 	// Memory, when set, is the daemon's account of the memory targets hold
@@ -145,252 +143,6 @@ func ValidUUID(uuid string) error {
 	return nil
 }
 
-// CreateOptions describes a device to create.
-type CreateOptions struct {
-	// Name and UUID must pass ValidName and ValidUUID.
-	Name, UUID string
-	// Minor is the minor to use; negative picks the lowest free one.
-	Minor    int
-	ReadOnly bool
-	// Table is the table text; empty with NoTable creates a device without one.
-	Table   string
-	NoTable bool
-	// Dir is the folder relative device paths are resolved against.
-	Dir string
-}
-
-// Create makes a device and, unless NoTable, loads and resumes its table. It
-// is all-or-nothing: on any failure nothing is left behind.
-func (m *Manager) Create(o CreateOptions) (*Device, error) {
-	var lines []Line
-	if !o.NoTable {
-		var err error
-		if lines, err = ParseTable(o.Table); err != nil {
-			return nil, &DeviceError{Name: o.Name, Err: err}
-		}
-	}
-	m.mu.Lock()
-	if _, ok := m.byName[o.Name]; ok {
-		m.mu.Unlock()
-		return nil, &DeviceError{Name: o.Name, Err: &ArgError{Reason: "device already exists", Errno: syscall.EBUSY}}
-	}
-	if o.UUID != "" {
-		for _, d := range m.byName {
-			if d.UUID() == o.UUID {
-				m.mu.Unlock()
-				return nil, &DeviceError{Name: o.Name, Err: &ArgError{Reason: "uuid " + o.UUID + " already in use", Errno: syscall.EBUSY}}
-			}
-		}
-	}
-	minor := uint32(0)
-	if o.Minor >= 0 {
-		minor = uint32(o.Minor)
-		if _, ok := m.byMinor[minor]; ok {
-			m.mu.Unlock()
-			return nil, &DeviceError{Name: o.Name, Err: &ArgError{Reason: fmt.Sprintf("minor %d already in use", minor), Errno: syscall.EBUSY}}
-		}
-	} else {
-		for m.byMinor[minor] != nil {
-			minor++
-		}
-	}
-	m.nextIno++
-	d := newDevice(o.Name, o.UUID, minor, m.nextIno, o.ReadOnly, m.clock)
-	d.onChange = m.changed
-	// Nobody can run a control operation on d before its table is live.
-	d.ctl.Lock()
-	m.byName[o.Name] = d
-	m.byMinor[minor] = d
-	m.mu.Unlock()
-
-	if !o.NoTable {
-		m.graph.Lock()
-		t, err := m.build(d, lines, o.ReadOnly, o.Dir)
-		if err == nil {
-			d.loadLocked(t)
-		}
-		m.graph.Unlock()
-		if err == nil {
-			_, err = d.resumeLocked()
-		}
-		if err != nil {
-			m.unlink(d)
-			d.destroy()
-			d.ctl.Unlock()
-			return nil, &DeviceError{Name: o.Name, Err: err}
-		}
-	}
-	d.ctl.Unlock()
-	if !o.NoTable {
-		m.changed(d)
-	}
-	return d, nil
-}
-
-// unlink takes d out of the manager's maps.
-func (m *Manager) unlink(d *Device) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.unlinkLocked(d)
-}
-
-func (m *Manager) unlinkLocked(d *Device) {
-	name := d.Name()
-	if m.byName[name] == d {
-		delete(m.byName, name)
-	}
-	if m.byMinor[d.minor] == d {
-		delete(m.byMinor, d.minor)
-	}
-}
-
-// Build parses and constructs a table for device d without loading it.
-func (m *Manager) Build(d *Device, text string, dir string) (*Table, error) {
-	lines, err := ParseTable(text)
-	if err != nil {
-		return nil, err
-	}
-	return m.build(d, lines, d.ReadOnly(), dir)
-}
-
-func (m *Manager) build(d *Device, lines []Line, ro bool, dir string) (*Table, error) {
-	open := m.open
-	if open == nil {
-		open = func(arg string) (BlockDevice, error) { return m.openArg(d, arg, ro, dir) }
-	}
-	return Build(lines, BuildOptions{
-		Registry: m.reg, ReadOnly: ro, Clock: m.clock, Context: m.ctx, Previous: d.Live(), Event: d.RaiseEvent, Memory: m.memory, Shared: &m.shared,
-		Open: open, Device: d,
-	})
-}
-
-var majMin = regexp.MustCompile(`^([0-9]+):([0-9]+)$`)
-
-// openArg resolves one device argument of a table of device self: MAJOR:MINOR
-// (253:N is the mapped device of minor N), a name without '/' (a mapped
-// device), or a path (relative to dir).
-func (m *Manager) openArg(self *Device, arg string, ro bool, dir string) (BlockDevice, error) {
-	if mm := majMin.FindStringSubmatch(arg); mm != nil {
-		maj, _ := strconv.ParseUint(mm[1], 10, 32)
-		min, _ := strconv.ParseUint(mm[2], 10, 32)
-		if maj == Major {
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			d := m.byMinor[uint32(min)]
-			if d == nil {
-				return nil, Errorf("Device lookup failed: %s: no such mapped device", arg)
-			}
-			return m.useMapped(self, d)
-		}
-		if e := m.getExporter(); e != nil {
-			if d := e.Lookup(uint32(maj), uint32(min)); d != nil {
-				return m.useExported(self, d, arg)
-			}
-		}
-		bd, err := OpenFile(fmt.Sprintf("/dev/block/%d:%d", maj, min), arg, ro)
-		if err != nil {
-			return nil, lookupFailed(arg, err)
-		}
-		return bd, nil
-	}
-	if !strings.Contains(arg, "/") {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		d := m.byName[arg]
-		if d == nil {
-			return nil, Errorf("Device lookup failed: %s: no such mapped device", arg)
-		}
-		return m.useMapped(self, d)
-	}
-	p := arg
-	if !filepath.IsAbs(p) && dir != "" {
-		p = filepath.Join(dir, p)
-	}
-	p, err := filepath.Abs(p)
-	if err != nil {
-		return nil, Errorf("Device lookup failed: %s: %v", arg, err)
-	}
-	if d := m.exportedAt(p); d != nil {
-		return m.useExported(self, d, arg)
-	}
-	bd, err := OpenFile(p, p, ro)
-	if err != nil {
-		return nil, lookupFailed(arg, err)
-	}
-	return bd, nil
-}
-
-func unwrapPath(err error) error {
-	if pe, ok := err.(interface{ Unwrap() error }); ok {
-		if e := pe.Unwrap(); e != nil {
-			return e
-		}
-	}
-	return err
-}
-
-// useMapped checks that d may be stacked on by self's table and counts the
-// table as a holder of d. The caller holds m.mu, so that Remove, which checks
-// the holders under m.mu, never removes a device a new table just took.
-func (m *Manager) useMapped(self, d *Device) (BlockDevice, error) {
-	if d == self {
-		return nil, Errorf("table may not reference the device itself")
-	}
-	if d.dependsOn(self) {
-		return nil, Errorf("%s already stacks on %s: a loop", d.Name(), self.Name())
-	}
-	if d.Live() == nil {
-		return nil, Errorf("Device lookup failed: %s has no live table", d.Name())
-	}
-	d.holders.Add(1)
-	return &mappedRef{Device: d}, nil
-}
-
-func (r *mappedRef) mapped() *Device { return r.Device }
-
-// mappedRef is a table's reference to another mapped device; it counts as a
-// holder of that device until the table closes.
-type mappedRef struct {
-	*Device
-	closed bool
-}
-
-func (r *mappedRef) Close() error {
-	if !r.closed {
-		r.closed = true
-		r.Device.holders.Add(-1)
-	}
-	return nil
-}
-
-// dependsOn reports whether d's live or inactive table stacks, directly or
-// not, on other.
-func (d *Device) dependsOn(other *Device) bool {
-	seen := map[*Device]bool{}
-	var walk func(x *Device) bool
-	walk = func(x *Device) bool {
-		if x == other {
-			return true
-		}
-		if seen[x] {
-			return false
-		}
-		seen[x] = true
-		for _, t := range []*Table{x.Live(), x.Inactive()} {
-			if t == nil {
-				continue
-			}
-			for _, dep := range t.deps {
-				if walk(dep) {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	return walk(d)
-}
-
 // Lookup finds a device by name.
 func (m *Manager) Lookup(name string) *Device {
 	m.mu.Lock()
@@ -432,43 +184,6 @@ func (m *Manager) acquire(name string) (*Device, error) {
 	return d, nil
 }
 
-// Load builds a table for the device called name from text and puts it in the
-// inactive slot, replacing any table there (drivers/md/dm-ioctl.c: table_load).
-// Constructors run now, so argument errors are reported now; on failure an
-// older inactive table is kept. Relative paths in text resolve against dir.
-func (m *Manager) Load(name, text, dir string) error {
-	lines, err := ParseTable(text)
-	if err != nil {
-		return &DeviceError{Name: name, Err: err}
-	}
-	d, err := m.acquire(name)
-	if err != nil {
-		return err
-	}
-	defer d.ctl.Unlock()
-	m.graph.Lock()
-	t, err := m.build(d, lines, d.ReadOnly(), dir)
-	if err == nil {
-		d.loadLocked(t)
-	}
-	m.graph.Unlock()
-	if err != nil {
-		return &DeviceError{Name: name, Err: err}
-	}
-	return nil
-}
-
-// Clear destroys the inactive table of the device called name, if any.
-func (m *Manager) Clear(name string) error {
-	d, err := m.acquire(name)
-	if err != nil {
-		return err
-	}
-	defer d.ctl.Unlock()
-	d.loadLocked(nil)
-	return nil
-}
-
 // Flags are what dm passes with a control command as flags: the variants
 // of Suspend, Resume, Remove and RemoveAll. A flag a verb does not take is
 // ignored by it.
@@ -487,222 +202,6 @@ type Flags struct {
 	// removal once its last user is gone instead of failing with EBUSY
 	// (DM_DEFERRED_REMOVE).
 	Deferred bool
-}
-
-// Remove removes the device called name. It refuses (EBUSY) a device that is
-// open or that another table stacks on. A device that is not suspended is
-// suspended first (its presuspend and postsuspend hooks run, as in dm).
-//
-// With f.Force, as dmsetup does, it first replaces the live table with an
-// `error` table of the same size (load and resume), so that outstanding and
-// new I/O fails, and then removes the device if nothing holds it; if
-// something still does, the error table stays live and the removal fails
-// with EBUSY.
-//
-// With f.Deferred, a device that is open or that another table stacks on
-// is flagged instead (its info shows "DEFERRED REMOVE") and the call
-// succeeds; the manager removes it once nothing uses it, checking every
-// ReapInterval, until the message @cancel_deferred_remove clears the flag.
-//
-// The listeners' OnRemove runs after the device has left the table of
-// names, before Remove returns.
-func (m *Manager) Remove(name string, f Flags) error {
-	return m.removeWith(name, f, false)
-}
-
-// removeWith is Remove; with onlyDeferred it removes the device only if a
-// deferred removal is pending and nothing uses it any more, and is silent
-// otherwise.
-func (m *Manager) removeWith(name string, o Flags, onlyDeferred bool) error {
-	force := o.Force
-	d, err := m.acquire(name)
-	if err != nil {
-		return err
-	}
-	if onlyDeferred && !d.DeferredRemove() {
-		d.ctl.Unlock()
-		return nil
-	}
-	swapped := false
-	if force {
-		if live := d.Live(); live != nil {
-			t, err := Build([]Line{{N: 1, Start: 0, Len: uint64(live.Sectors()), Type: Error.Name}},
-				BuildOptions{Registry: m.reg, ReadOnly: d.ReadOnly(), Clock: m.clock, Context: m.ctx, Previous: live, Event: d.RaiseEvent, Memory: m.memory, Shared: &m.shared})
-			if err == nil {
-				d.loadLocked(t)
-				swapped, err = d.resumeLocked()
-			}
-			if err != nil {
-				d.ctl.Unlock()
-				if swapped {
-					m.changed(d)
-				}
-				return &DeviceError{Name: name, Err: err}
-			}
-		}
-	}
-	// The users of an exported block device are counted before m.mu is
-	// taken: counting them reads /proc.
-	users := m.openers(d) - d.opens.Load()
-	m.mu.Lock()
-	busy := ""
-	switch {
-	case d.holders.Load() > 0:
-		busy = "device is in use by another table"
-	case d.opens.Load()+users > 0:
-		busy = "device is open"
-	default:
-		m.unlinkLocked(d)
-	}
-	m.mu.Unlock()
-	if busy != "" && o.Deferred {
-		// As drivers/md/dm-ioctl.c: dev_remove with DM_DEFERRED_REMOVE:
-		// flag the device, succeed, and remove it once it is unused.
-		d.mu.Lock()
-		d.mu.deferred = true
-		d.mu.Unlock()
-		d.ctl.Unlock()
-		if swapped {
-			m.changed(d)
-		}
-		m.startReaper()
-		return nil
-	}
-	if busy != "" {
-		d.ctl.Unlock()
-		if swapped {
-			m.changed(d)
-		}
-		if onlyDeferred {
-			return nil
-		}
-		return &DeviceError{Name: name, Err: &ArgError{Reason: busy, Errno: syscall.EBUSY}}
-	}
-	d.suspendLocked(false)
-	d.destroy()
-	d.RaiseEvent()
-	d.ctl.Unlock()
-	m.removed(d)
-	return nil
-}
-
-// Rename gives the device called name the name newName, which must pass
-// ValidName (EBUSY if a device of that name exists). The device's event
-// counter goes up.
-func (m *Manager) Rename(name, newName string) error {
-	d, err := m.acquire(name)
-	if err != nil {
-		return err
-	}
-	// Let the fs layer forget the old name's entry first.
-	m.changed(d)
-	m.mu.Lock()
-	if _, ok := m.byName[newName]; ok {
-		m.mu.Unlock()
-		d.ctl.Unlock()
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "device " + newName + " already exists", Errno: syscall.EBUSY}}
-	}
-	delete(m.byName, name)
-	m.byName[newName] = d
-	d.mu.Lock()
-	d.mu.name = newName
-	d.mu.Unlock()
-	m.mu.Unlock()
-	d.RaiseEvent()
-	d.ctl.Unlock()
-	m.changed(d)
-	return nil
-}
-
-// SetUUID sets the uuid of the device called name to uuid, which must be
-// non-empty and pass ValidUUID. As in dm, a uuid can be set only if none was
-// set before (EINVAL), and must be unique (EBUSY). The device's event
-// counter goes up.
-func (m *Manager) SetUUID(name, uuid string) error {
-	d, err := m.acquire(name)
-	if err != nil {
-		return err
-	}
-	defer d.ctl.Unlock()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if d.UUID() != "" {
-		return &DeviceError{Name: name, Err: &ArgError{Reason: "uuid already set to " + d.UUID() + "; it cannot be changed"}}
-	}
-	for _, o := range m.byName {
-		if o.UUID() == uuid {
-			return &DeviceError{Name: name, Err: &ArgError{Reason: "uuid " + uuid + " already in use", Errno: syscall.EBUSY}}
-		}
-	}
-	d.mu.Lock()
-	d.mu.uuid = uuid
-	d.mu.Unlock()
-	d.RaiseEvent()
-	return nil
-}
-
-// Message sends a message to the device called name, as
-// drivers/md/dm-ioctl.c: target_message does: a message of no words fails
-// ("Empty message received", EINVAL); one whose first word starts with `@`
-// goes to CoreMessage; any other goes to the target of the live table that
-// covers sector, and returns the target's response. A device with no live
-// table (none, or only an inactive one) takes such a message without an
-// error and answers nothing, as dm does when dm_get_live_table finds no
-// table; a suspended device keeps its live table and its targets get the
-// message.
-func (m *Manager) Message(ctx context.Context, name string, sector uint64, args []string) (string, error) {
-	d := m.Lookup(name)
-	if d == nil {
-		return "", NoSuchDevice(name)
-	}
-	fail := func(err error) (string, error) { return "", &DeviceError{Name: name, Err: err} }
-	if len(args) == 0 {
-		return fail(Errorf("Empty message received"))
-	}
-	if strings.EqualFold(args[0], "@cancel_deferred_remove") {
-		if err := m.cancelDeferred(d, len(args)); err != nil {
-			return fail(err)
-		}
-		return "", nil
-	}
-	if len(args[0]) > 0 && args[0][0] == '@' {
-		if m.core == nil {
-			return fail(Errorf("Unsupported message sent to DM core"))
-		}
-		out, err := m.core(d, args)
-		if err != nil {
-			return fail(err)
-		}
-		return out, nil
-	}
-	var out string
-	var err error
-	d.WithTables(func(live, _ *Table) {
-		if live == nil {
-			return
-		}
-		if sector > uint64(live.Sectors()) {
-			sector = uint64(live.Sectors())
-		}
-		var tg Target
-		var typ *TargetType
-		if tg, typ, err = live.TargetAt(int64(sector)); err != nil {
-			return
-		}
-		ms, ok := tg.(Messager)
-		if !ok {
-			err = &TableError{Target: typ.Name, Err: ErrNoMessages}
-			return
-		}
-		out, err = ms.Message(ctx, args)
-		if err != nil {
-			err = &TableError{Target: typ.Name, Err: err}
-		}
-	})
-	if err != nil {
-		return fail(err)
-	}
-	return out, nil
 }
 
 // teardown removes every device, upper devices before the ones they stack
@@ -736,9 +235,22 @@ func (m *Manager) forceDrop(d *Device, suspend bool) {
 	if d.isRemoved() {
 		return
 	}
-	m.unlink(d)
 	if suspend {
 		d.suspendLocked(false)
 	}
-	d.destroy()
+	m.drop(d)
+}
+
+// Shared returns the objects the manager's targets share (Ctor.Shared), so
+// that the daemon can set a target package's per-manager settings (such as
+// thin.SetNoSpaceTimeout) before it builds tables.
+func (m *Manager) Shared() *SharedSet { return &m.shared }
+
+// Close removes every device, upper devices before the ones they stack on,
+// ignoring open handles and without telling the listeners (daemon
+// shutdown), then closes the objects their targets shared
+// (SharedSet.Close). Tables loaded after Close cannot make shared objects.
+func (m *Manager) Close() error {
+	m.teardown()
+	return m.shared.Close()
 }

@@ -65,18 +65,3 @@ func (s *SharedSet) Close() error {
 	}
 	return errors.Join(errs...)
 }
-
-// Shared returns the objects the manager's targets share (Ctor.Shared), so
-// that the daemon can set a target package's per-manager settings (such as
-// thin.SetNoSpaceTimeout) before it builds tables.
-func (m *Manager) Shared() *SharedSet { return &m.shared }
-
-// Close removes every device, upper devices before the ones they stack on,
-// ignoring open handles and without telling the listeners (daemon
-// shutdown), then closes the objects their
-// targets shared (SharedSet.Close). Tables loaded after Close cannot make
-// shared objects.
-func (m *Manager) Close() error {
-	m.teardown()
-	return m.shared.Close()
-}

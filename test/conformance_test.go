@@ -8,22 +8,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/fs"
-	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/stacktest"
+	"github.com/dmfuse/dmfuse/targets"
+	"github.com/dmfuse/dmfuse/targets/conformance"
 )
 
-// TestConformanceThroughFUSE runs the conformance suite (stack/stacktest) on
+// TestConformanceThroughFUSE runs the conformance suite (targets/conformance) on
 // every target type dmfuse registers with the I/O of every check going
 // through the device's file on a FUSE mount of the fs layer: pread, pwrite
 // and fsync as users make them, on each transport, /dev/fuse and, where the
 // kernel offers it, io_uring (DMFUSE_TRANSPORT, when set, picks one).
 func TestConformanceThroughFUSE(t *testing.T) {
 	requireFUSE(t)
-	reg, err := stack.NewRegistry(targets.All()...)
-	if err != nil {
-		t.Fatal(err)
-	}
 	transports := []string{fs.TransportDev, fs.TransportURing}
 	if tr := os.Getenv("DMFUSE_TRANSPORT"); tr != "" {
 		transports = []string{tr}
@@ -33,7 +29,7 @@ func TestConformanceThroughFUSE(t *testing.T) {
 			if tr == fs.TransportURing {
 				requireURing(t)
 			}
-			stacktest.Suite{Mount: func(t testing.TB, m *stack.Manager) string {
+			conformance.Suite{Mount: func(t testing.TB, m *stack.Manager) string {
 				mnt := filepath.Join(t.TempDir(), "mnt")
 				if err := os.Mkdir(mnt, 0o755); err != nil {
 					t.Fatal(err)
@@ -51,7 +47,7 @@ func TestConformanceThroughFUSE(t *testing.T) {
 					srv.Wait()
 				})
 				return mnt
-			}}.RunRegistry(t, reg)
+			}}.RunAll(t, targets.All())
 		})
 	}
 }

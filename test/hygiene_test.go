@@ -13,8 +13,8 @@ import (
 
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/fs"
-	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/targets"
 	"golang.org/x/sys/unix"
 )
 
@@ -115,7 +115,7 @@ func TestResourceHygiene(t *testing.T) {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := stack.NewRegistry(targets.All()...)
+	reg, err := stack.NewRegistry(targets.Types()...)
 	if err != nil {
 		t.Fatal(err)
 	}

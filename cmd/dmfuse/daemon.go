@@ -22,6 +22,7 @@ import (
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
+	"github.com/dmfuse/dmfuse/targets"
 	"github.com/dmfuse/dmfuse/thin"
 )
 
@@ -92,7 +93,7 @@ func runDaemon(o daemonOptions) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(stack.ManagerOptions{Registry: registry(), Context: ctx, Clock: clock.System,
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: targets.Registry(), Context: ctx, Clock: clock.System,
 		CoreMessage: stack.DMStatsMessage, Memory: reserveMemory})
 	dmstats := stack.RegionHistograms(mgr)
 	metrics.RegisterSet(dmstats)

@@ -12,6 +12,7 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/control/dmsetup"
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/targets"
 )
 
 // runDmsetup runs dmsetup's command line against the system instance and
@@ -24,7 +25,7 @@ func runDmsetup(prog string, args []string) int {
 	sys := systemInstance()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	offline := control.NewServer(ctx, stack.NewManager(stack.ManagerOptions{Registry: registry(), Context: ctx}))
+	offline := control.NewServer(ctx, stack.NewManager(stack.ManagerOptions{Registry: targets.Registry(), Context: ctx}))
 	defer offline.Close()
 	width := 0
 	if ws, err := unix.IoctlGetWinsize(1, unix.TIOCGWINSZ); err == nil {

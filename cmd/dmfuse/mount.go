@@ -13,7 +13,6 @@ import (
 	"github.com/dmfuse/dmfuse/control"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
-	"github.com/dmfuse/dmfuse/internal/targets"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -62,15 +61,6 @@ func parsePoll(v string) (time.Duration, error) {
 		return fs.PollOff, nil
 	}
 	return d, nil
-}
-
-// registry returns every target type dmfuse knows.
-func registry() *stack.Registry {
-	r, err := stack.NewRegistry(targets.All()...)
-	if err != nil {
-		panic(err)
-	}
-	return r
 }
 
 // Run mounts, serves until a signal or an external unmount, and exits 0.

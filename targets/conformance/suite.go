@@ -1,4 +1,4 @@
-package stacktest
+package conformance
 
 import (
 	"bytes"
@@ -16,128 +16,15 @@ import (
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
+	"github.com/dmfuse/dmfuse/stack/stacktest"
+	"github.com/dmfuse/dmfuse/targets"
 )
 
-// Data is what a target type, set up by its Case, does with the data of I/O.
-type Data int
-
-const (
-	// Stores: a write lands on the segment's device at the same offset and
-	// reads back (linear, striped, flakey up, dust, delay, multipath).
-	Stores Data = iota
-	// Zeroes: a read returns zeros, a write succeeds and is dropped
-	// (drivers/md/dm-zero.c: zero_map).
-	Zeroes
-	// Fails: every read and write fails with EIO (drivers/md/dm-target.c:
-	// io_err_map kills every bio).
-	Fails
-)
-
-func (d Data) String() string {
-	switch d {
-	case Stores:
-		return "stores"
-	case Zeroes:
-		return "zeroes"
-	case Fails:
-		return "fails"
-	}
-	return fmt.Sprintf("Data(%d)", int(d))
-}
-
-// Case makes one target type usable in the suite.
-type Case struct {
-	// Params returns the parameters of one segment of the type over the
-	// device argument dev (already escaped as table text needs it), mapping
-	// byte x of the segment to byte x of dev. A type that takes no device
-	// ignores dev.
-	Params func(dev string) string
-	// Data is what the type does with data.
-	Data Data
-	// InfoNamesDevices is set for types whose StatusInfo form prints the
-	// names of their devices.
-	InfoNamesDevices bool
-	// NotApplicable names the checks of All that do not apply to the type,
-	// each with the reason.
-	NotApplicable map[string]string
-	// Aux, when not zero, gives every segment's device dev a second device
-	// of Aux bytes that Params may name as dev+AuxSuffix: a memory device
-	// the suite's Opener resolves, or a file beside the backing file. It is
-	// for types whose line names two devices (log-writes: data and log).
-	Aux int64
-	// Caches is set for types with a volatile write cache (powercut): a
-	// completed write need reach the segment's device only at the next
-	// flush, so the checks flush the device before they look at the
-	// devices below.
-	Caches bool
-
-	// mount is the Suite's Mount, which the checks reach their devices
-	// through.
-	mount Mount
-}
-
-// AuxSuffix is what a Case's Params appends to its device argument to name
-// the segment's second device (Case.Aux).
-const AuxSuffix = ".aux"
-
-// Cases is the suite's table: for each target type dmfuse registers, by
-// name, the Case that makes it usable over memory devices.
-var Cases = map[string]Case{
-	"linear": {Params: func(dev string) string { return dev + " 0" }},
-	// One stripe of 8 sectors: the identity mapping, still split at every
-	// chunk (MaxIO).
-	"striped": {Params: func(dev string) string { return "1 8 " + dev + " 0" }, InfoNamesDevices: true},
-	"zero": {Params: func(string) string { return "" }, Data: Zeroes, NotApplicable: map[string]string{
-		"SegmentOffsets":       "zero stores nothing, so no offset can be seen",
-		"EscapedPathRoundTrip": "zero takes no device",
-	}},
-	"error": {Params: func(string) string { return "" }, Data: Fails, NotApplicable: map[string]string{
-		"SegmentOffsets":       "error fails every I/O, so no offset can be seen",
-		"EscapedPathRoundTrip": "error takes no device (its arguments are ignored and not printed)",
-	}},
-	// A log device per segment; the log itself is not looked at.
-	"log-writes": {Params: func(dev string) string { return dev + " " + dev + AuxSuffix }, Aux: 4 << 20},
-	// Up 1 s, down 0 s: never down.
-	"flakey": {Params: func(dev string) string { return dev + " 0 1 0" }},
-	// No bad blocks: dust passes everything until blocks are added and it
-	// is enabled.
-	"dust": {Params: func(dev string) string { return dev + " 0 512" }, InfoNamesDevices: true},
-	// A delay of 0 ms passes I/O straight through.
-	"delay": {Params: func(dev string) string { return dev + " 0 0" }},
-	// The default cache bound (32 MiB) holds everything the checks write:
-	// writes reach the device at flushes and at the suspend of a reload.
-	"powercut": {Params: func(dev string) string { return dev + " 0" }, Caches: true},
-	// One priority group of one path, round-robin.
-	"multipath": {Params: func(dev string) string { return "0 0 1 1 round-robin 0 1 1 " + dev + " 1" }, InfoNamesDevices: true,
-		NotApplicable: map[string]string{
-			"SegmentOffsets": "multipath is a singleton type: alone in its table, so its segment always starts at sector 0",
-		}},
-	// A pool with its metadata on the second device: the pool device maps
-	// its own I/O onto the data device 1:1.
-	"thin-pool": {Params: func(dev string) string { return dev + AuxSuffix + " " + dev + " 128 0" }, Aux: 4 << 20,
-		NotApplicable: map[string]string{
-			"SegmentOffsets": "thin-pool is a singleton type: alone in its table, so its segment always starts at sector 0",
-		}},
-	// What a thin line over a pool device dev with device 1 would be.
-	"thin": {Params: func(dev string) string { return dev + " 1" }, NotApplicable: map[string]string{
-		"ShortReadAtEnd":       thinNeedsPool,
-		"SegmentOffsets":       thinNeedsPool,
-		"ConcurrentIO":         thinNeedsPool,
-		"FlushReachesDevices":  thinNeedsPool,
-		"TableRoundTrip":       thinNeedsPool,
-		"EscapedPathRoundTrip": thinNeedsPool,
-		"StatusInfoFormat":     thinNeedsPool,
-	}},
-}
-
-// thinNeedsPool is why no check of the suite applies to thin.
-const thinNeedsPool = "a thin device needs a thin-pool device of the same manager and a create_thin message, which a one-type table over plain devices cannot give; package thin's tests and test/thin_test.go cover it"
-
-// Check is one conformance check of typ, set up as c says.
+// Check is one conformance check of the entry e, run by suite s.
 //
 // A check takes a testing.TB, so that the suite's own tests can run it on a
 // recorder and see it fail on a faulty target.
-type Check func(t testing.TB, typ *stack.TargetType, c Case)
+type Check func(t testing.TB, s Suite, e targets.Entry)
 
 // All holds every check by name, as Run runs them.
 var All = map[string]Check{
@@ -148,35 +35,6 @@ var All = map[string]Check{
 	"TableRoundTrip":       TableRoundTrip,
 	"EscapedPathRoundTrip": EscapedPathRoundTrip,
 	"StatusInfoFormat":     StatusInfoFormat,
-}
-
-// Run runs every check of All on typ as a subtest, in name order, on the
-// devices in process. A check that c declares not applicable is skipped
-// with the declared reason; a declaration naming no check of All is an
-// error.
-func Run(t *testing.T, typ *stack.TargetType, c Case) {
-	t.Helper()
-	Suite{}.Run(t, typ, c)
-}
-
-// RunRegistry runs the suite on every type of reg with its Case from Cases,
-// one subtest per type, on the devices in process. A registered type that
-// Cases does not know fails.
-func RunRegistry(t *testing.T, reg *stack.Registry) {
-	t.Helper()
-	Suite{}.RunRegistry(t, reg)
-}
-
-// Missing returns the names of the types of reg that Cases does not know, in
-// name order: the types RunRegistry fails for.
-func Missing(reg *stack.Registry) []string {
-	var out []string
-	for _, typ := range reg.Types() {
-		if _, ok := Cases[typ.Name]; !ok {
-			out = append(out, typ.Name)
-		}
-	}
-	return out
 }
 
 // Mount serves the devices of m as files in a folder, as dmfuse's fs
@@ -194,15 +52,14 @@ type Suite struct {
 	Mount Mount
 }
 
-// Run runs every check of All on typ as a subtest, in name order. A check
-// that c declares not applicable is skipped with the declared reason; a
-// declaration naming no check of All is an error.
-func (s Suite) Run(t *testing.T, typ *stack.TargetType, c Case) {
+// Run runs every check of All on e as a subtest, in name order. A check
+// that e's case declares not applicable is skipped with the declared
+// reason; a declaration naming no check of All is an error.
+func (s Suite) Run(t *testing.T, e targets.Entry) {
 	t.Helper()
-	c.mount = s.Mount
-	for name := range c.NotApplicable {
+	for name := range e.Case.NotApplicable {
 		if _, ok := All[name]; !ok {
-			t.Errorf("%s: NotApplicable names %q, which is no check of the suite", typ.Name, name)
+			t.Errorf("%s: NotApplicable names %q, which is no check of the suite", e.Type.Name, name)
 		}
 	}
 	names := make([]string, 0, len(All))
@@ -212,26 +69,19 @@ func (s Suite) Run(t *testing.T, typ *stack.TargetType, c Case) {
 	slices.Sort(names)
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
-			if why, ok := c.NotApplicable[name]; ok {
-				t.Skipf("does not apply to %s: %s", typ.Name, why)
+			if why, ok := e.Case.NotApplicable[name]; ok {
+				t.Skipf("does not apply to %s: %s", e.Type.Name, why)
 			}
-			All[name](t, typ, c)
+			All[name](t, s, e)
 		})
 	}
 }
 
-// RunRegistry runs the suite on every type of reg with its Case from Cases,
-// one subtest per type. A registered type that Cases does not know fails.
-func (s Suite) RunRegistry(t *testing.T, reg *stack.Registry) {
+// RunAll runs the suite on every entry, one subtest per type.
+func (s Suite) RunAll(t *testing.T, entries []targets.Entry) {
 	t.Helper()
-	for _, typ := range reg.Types() {
-		t.Run(typ.Name, func(t *testing.T) {
-			c, ok := Cases[typ.Name]
-			if !ok {
-				t.Fatalf("target type %s has no entry in stacktest.Cases: add the table line that makes it usable over memory devices", typ.Name)
-			}
-			s.Run(t, typ, c)
-		})
+	for _, e := range entries {
+		t.Run(e.Type.Name, func(t *testing.T) { s.Run(t, e) })
 	}
 }
 
@@ -245,17 +95,21 @@ const segBytes = segSectors * stack.SectorSize
 // env is one device of the type under test, over backing devices of one
 // segment each.
 type env struct {
-	t   testing.TB
-	typ *stack.TargetType
-	c   Case
-	mgr *stack.Manager
-	dev *stack.Device
+	t     testing.TB
+	typ   *stack.TargetType
+	c     targets.Case
+	mount Mount
+	mgr   *stack.Manager
+	dev   *stack.Device
 	// io is how the checks do I/O to dev: dev itself, or its file on the
 	// Suite's mount.
-	io   deviceIO
-	mems []*MemDevice // memory backing devices, one per segment (newMemEnv)
-	// names are what each segment's device prints as: a memory device's
-	// name or a backing file's absolute path.
+	io deviceIO
+	// segs are the segments, with their devices.
+	segs []targets.Segment
+	mems []*stacktest.MemDevice // memory backing devices, one per segment (newMemEnv)
+	// names are what each segment's line names, unescaped: a memory
+	// device's name, a backing file's absolute path, or the device the
+	// case built below it.
 	names []string
 }
 
@@ -270,10 +124,11 @@ func segments(typ *stack.TargetType) int {
 	return 2
 }
 
-// newManager returns a manager for typ alone on a manual clock, removed with
-// everything it made when the test ends.
-func newManager(t testing.TB, typ *stack.TargetType, open func(string) (stack.BlockDevice, error)) *stack.Manager {
-	reg, err := stack.NewRegistry(typ)
+// newEnv returns an env for e's type with a manager of e's type and the
+// types its case uses, on a manual clock, removed with everything it made
+// when the test ends.
+func newEnv(t testing.TB, s Suite, e targets.Entry, open func(string) (stack.BlockDevice, error)) *env {
+	reg, err := stack.NewRegistry(append([]*stack.TargetType{e.Type}, e.Case.Uses...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,48 +140,40 @@ func newManager(t testing.TB, typ *stack.TargetType, open func(string) (stack.Bl
 			t.Error(err)
 		}
 	})
-	return m
+	return &env{t: t, typ: e.Type, c: e.Case, mount: s.Mount, mgr: m}
 }
 
-// tableText is a table of one segment per device argument.
-func tableText(typ *stack.TargetType, c Case, args []string) string {
-	var b strings.Builder
-	for i, a := range args {
-		fmt.Fprintf(&b, "%d %d %s %s\n", i*segSectors, segSectors, typ.Name, c.Params(stack.EscapeArg(a)))
-	}
-	return b.String()
-}
-
-// newMemEnv makes a device of nseg segments of typ, segment i over memory
-// device "mem<i>".
-func newMemEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
+// newMemEnv makes a device of nseg segments of e's type, segment i over
+// memory device "mem<i>".
+func newMemEnv(t testing.TB, s Suite, e targets.Entry, nseg int) *env {
 	t.Helper()
-	e := &env{t: t, typ: typ, c: c}
-	open := Opener{}
+	open := stacktest.Opener{}
+	ev := newEnv(t, s, e, open.Open)
 	for i := range nseg {
 		name := fmt.Sprintf("mem%d", i)
-		m := NewMemDevice(name, segBytes)
+		m := stacktest.NewMemDevice(name, segBytes)
 		open[name] = m
-		e.mems = append(e.mems, m)
-		e.names = append(e.names, name)
-		if c.Aux > 0 {
-			open[name+AuxSuffix] = NewMemDevice(name+AuxSuffix, c.Aux)
+		ev.mems = append(ev.mems, m)
+		seg := targets.Segment{Index: i, Sectors: segSectors, Dev: name}
+		if e.Case.Aux > 0 {
+			seg.Aux = name + targets.AuxSuffix
+			open[seg.Aux] = stacktest.NewMemDevice(seg.Aux, e.Case.Aux)
 		}
+		ev.add(seg, name)
 	}
-	e.mgr = newManager(t, typ, open.Open)
-	e.create()
-	return e
+	ev.create()
+	return ev
 }
 
-// newFileEnv makes a device of nseg segments of typ, segment i over a
+// newFileEnv makes a device of nseg segments of e's type, segment i over a
 // backing file whose name holds a space and a backslash.
-func newFileEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
+func newFileEnv(t testing.TB, s Suite, e targets.Entry, nseg int) *env {
 	t.Helper()
-	e := &env{t: t, typ: typ, c: c, mgr: newManager(t, typ, nil)}
+	ev := newEnv(t, s, e, nil)
 	dir := t.TempDir()
 	for i := range nseg {
 		p := filepath.Join(dir, fmt.Sprintf(`seg %d\back.img`, i))
-		for f, size := range map[string]int64{p: segBytes, p + AuxSuffix: c.Aux} {
+		for f, size := range map[string]int64{p: segBytes, p + targets.AuxSuffix: e.Case.Aux} {
 			if size == 0 {
 				continue
 			}
@@ -337,22 +184,50 @@ func newFileEnv(t testing.TB, typ *stack.TargetType, c Case, nseg int) *env {
 				t.Fatal(err)
 			}
 		}
-		e.names = append(e.names, p)
+		seg := targets.Segment{Index: i, Sectors: segSectors, Dev: stack.EscapeArg(p)}
+		if e.Case.Aux > 0 {
+			seg.Aux = stack.EscapeArg(p + targets.AuxSuffix)
+		}
+		ev.add(seg, p)
 	}
-	e.create()
-	return e
+	ev.create()
+	return ev
+}
+
+// add adds a segment whose backing device is called name, building what
+// the case needs below it.
+func (e *env) add(seg targets.Segment, name string) {
+	e.t.Helper()
+	if e.c.Below != nil {
+		arg, err := e.c.Below(e.mgr, seg)
+		if err != nil {
+			e.t.Fatalf("building below segment %d of %s over %s: %v", seg.Index, e.typ.Name, name, err)
+		}
+		seg.Below, name = arg, arg
+	}
+	e.segs = append(e.segs, seg)
+	e.names = append(e.names, name)
+}
+
+// tableText is the table of e's segments.
+func (e *env) tableText() string {
+	var b strings.Builder
+	for i, seg := range e.segs {
+		fmt.Fprintf(&b, "%d %d %s %s\n", i*segSectors, segSectors, e.typ.Name, e.c.Params(seg))
+	}
+	return b.String()
 }
 
 func (e *env) create() {
 	e.t.Helper()
-	text := tableText(e.typ, e.c, e.names)
+	text := e.tableText()
 	d, err := e.mgr.Create(stack.CreateOptions{Name: envName, Minor: -1, Table: text})
 	if err != nil {
 		e.t.Fatalf("create %s over %q:\n%s: %v", e.typ.Name, e.names, text, err)
 	}
 	e.dev, e.io = d, d
-	if e.c.mount != nil {
-		e.io = openFileIO(e.t, filepath.Join(e.c.mount(e.t, e.mgr), envName))
+	if e.mount != nil {
+		e.io = openFileIO(e.t, filepath.Join(e.mount(e.t, e.mgr), envName))
 	}
 }
 
@@ -366,6 +241,21 @@ func (e *env) settle() {
 	if err := e.io.Flush(context.Background()); err != nil {
 		e.t.Fatalf("flush: %v", err)
 	}
+}
+
+// stored returns what segment i stores at segment offsets: its memory
+// device's contents, or, for a case that builds below its lines, what the
+// case's Stored reads.
+func (e *env) stored(i int) []byte {
+	e.t.Helper()
+	if e.c.Stored == nil {
+		return e.mems[i].Contents()
+	}
+	p, err := e.c.Stored(e.mgr, e.segs[i], segBytes)
+	if err != nil {
+		e.t.Fatalf("reading what segment %d stores: %v", i, err)
+	}
+	return p
 }
 
 // pattern returns n random bytes from seed.
@@ -404,7 +294,7 @@ func (e *env) read(want []byte, off int64) {
 // compared.
 func (e *env) checkIO(op string, n int, err error, want int, off int64) bool {
 	e.t.Helper()
-	if e.c.Data == Fails {
+	if e.c.Data == targets.Fails {
 		if n != 0 || !errors.Is(err, syscall.EIO) {
 			e.t.Errorf("%s of %d bytes at %d: %d, %v; want 0, EIO", op, want, off, n, err)
 		}
@@ -435,8 +325,9 @@ func firstDiff(a, b []byte) int {
 // sees a short read and then EOF. The part past the end never reaches the
 // target (the backing devices end where the segments end and would fail it),
 // and nothing is written into the caller's buffer past the end.
-func ShortReadAtEnd(t testing.TB, typ *stack.TargetType, c Case) {
-	e := newMemEnv(t, typ, c, segments(typ))
+func ShortReadAtEnd(t testing.TB, s Suite, en targets.Entry) {
+	typ, c := en.Type, en.Case
+	e := newMemEnv(t, s, en, segments(typ))
 	ctx := context.Background()
 	size := e.dev.Size()
 	if want := int64(segments(typ)) * segBytes; size != want {
@@ -452,7 +343,7 @@ func ShortReadAtEnd(t testing.TB, typ *stack.TargetType, c Case) {
 		t.Errorf("write at the end: %d, %v; want 0, ENOSPC", n, err)
 	}
 	want := make([]byte, tail)
-	if c.Data == Stores {
+	if c.Data == targets.Stores {
 		copy(want, p)
 	}
 	buf := bytes.Repeat([]byte{0xa5}, 2*tail)
@@ -479,11 +370,11 @@ func ShortReadAtEnd(t testing.TB, typ *stack.TargetType, c Case) {
 // used device offsets would miss it or run past the device's end. The writes
 // have varied sizes and some cross the boundary between the segments, which
 // the table splits (dm.c: __split_and_process_bio, max_io_len).
-func SegmentOffsets(t testing.TB, typ *stack.TargetType, c Case) {
-	if c.Data != Stores {
-		t.Fatalf("SegmentOffsets needs a type that stores data; declare it in NotApplicable for %s (%v)", typ.Name, c.Data)
+func SegmentOffsets(t testing.TB, s Suite, en targets.Entry) {
+	if en.Case.Data != targets.Stores {
+		t.Fatalf("SegmentOffsets needs a type that stores data; declare it in NotApplicable for %s (%v)", en.Type.Name, en.Case.Data)
 	}
-	e := newMemEnv(t, typ, c, 2)
+	e := newMemEnv(t, s, en, 2)
 	size := e.dev.Size()
 	model := pattern(2, int(size))
 	// Sector-aligned writes of 1 to 24 sectors, covering the device; the
@@ -502,9 +393,9 @@ func SegmentOffsets(t testing.TB, typ *stack.TargetType, c Case) {
 		return
 	}
 	e.settle()
-	for i, m := range e.mems {
+	for i := range e.segs {
 		seg := model[int64(i)*segBytes : int64(i+1)*segBytes]
-		if got := m.Contents(); !bytes.Equal(got, seg) {
+		if got := e.stored(i); !bytes.Equal(got, seg) {
 			t.Errorf("segment %d: its device holds other data than was written at the segment's offsets (first difference at segment byte %d)", i, firstDiff(got, seg))
 		}
 	}
@@ -520,8 +411,9 @@ func SegmentOffsets(t testing.TB, typ *stack.TargetType, c Case) {
 // Flushes run alongside and must succeed. At the end the whole device, and
 // for a type that stores data each backing device, equal the model. Run it
 // with -race.
-func ConcurrentIO(t testing.TB, typ *stack.TargetType, c Case) {
-	e := newMemEnv(t, typ, c, segments(typ))
+func ConcurrentIO(t testing.TB, s Suite, en targets.Entry) {
+	typ, c := en.Type, en.Case
+	e := newMemEnv(t, s, en, segments(typ))
 	const (
 		workers = 8
 		block   = 4096
@@ -548,7 +440,7 @@ func ConcurrentIO(t testing.TB, typ *stack.TargetType, c Case) {
 				switch op := rng.IntN(10); {
 				case op < 5:
 					p := pattern(uint64(w)<<32|uint64(i), int(n))
-					if c.Data == Stores {
+					if c.Data == targets.Stores {
 						copy(model[off:off+n], p)
 					}
 					e.write(p, off)
@@ -567,12 +459,12 @@ func ConcurrentIO(t testing.TB, typ *stack.TargetType, c Case) {
 		return
 	}
 	e.read(model, 0)
-	if c.Data == Stores {
+	if c.Data == targets.Stores {
 		e.settle()
-		for i, m := range e.mems {
+		for i := range e.segs {
 			seg := model[int64(i)*segBytes : int64(i+1)*segBytes]
-			if got := m.Contents(); !bytes.Equal(got, seg) {
-				t.Errorf("backing device %d differs from the model at byte %d", i, firstDiff(got, seg))
+			if got := e.stored(i); !bytes.Equal(got, seg) {
+				t.Errorf("segment %d: what its device stores differs from the model at byte %d", i, firstDiff(got, seg))
 			}
 		}
 	}
@@ -584,8 +476,9 @@ func ConcurrentIO(t testing.TB, typ *stack.TargetType, c Case) {
 // pass it to their devices) and succeeds; a table whose targets opened no
 // device (zero, error: dm sets no num_flush_bios for them) completes the
 // flush with success.
-func FlushReachesDevices(t testing.TB, typ *stack.TargetType, c Case) {
-	e := newMemEnv(t, typ, c, segments(typ))
+func FlushReachesDevices(t testing.TB, s Suite, en targets.Entry) {
+	typ, c := en.Type, en.Case
+	e := newMemEnv(t, s, en, segments(typ))
 	opened := e.dev.Live().Devices()
 	before := make([]int, len(e.mems))
 	for i, m := range e.mems {
@@ -595,9 +488,11 @@ func FlushReachesDevices(t testing.TB, typ *stack.TargetType, c Case) {
 		t.Fatalf("flush: %v", err)
 	}
 	for i, m := range e.mems {
-		if !slices.Contains(opened, stack.BlockDevice(m)) {
-			if c.Data == Stores {
-				t.Errorf("the table did not open %s, which segment %d's line names", m.Name(), i)
+		// The device the line names: the segment's memory device, or what
+		// the case built below it, over the memory device.
+		if !slices.ContainsFunc(opened, func(d stack.BlockDevice) bool { return d.Name() == e.names[i] }) {
+			if c.Data == targets.Stores {
+				t.Errorf("the table did not open %s, which segment %d's line names", e.names[i], i)
 			}
 			continue
 		}
@@ -615,8 +510,8 @@ func FlushReachesDevices(t testing.TB, typ *stack.TargetType, c Case) {
 // text again and read back the data written before. Reading the text as a
 // table must give each target's TABLE status whole (no '#' that starts a
 // comment, no line break).
-func TableRoundTrip(t testing.TB, typ *stack.TargetType, c Case) {
-	e := newMemEnv(t, typ, c, segments(typ))
+func TableRoundTrip(t testing.TB, s Suite, en targets.Entry) {
+	e := newMemEnv(t, s, en, segments(en.Type))
 	e.roundTrip()
 }
 
@@ -626,8 +521,8 @@ func TableRoundTrip(t testing.TB, typ *stack.TargetType, c Case) {
 // backslash escapes the next character); the TABLE form must print it so
 // that splitting gives the path back as one argument, and the printed table
 // must load again over the same file.
-func EscapedPathRoundTrip(t testing.TB, typ *stack.TargetType, c Case) {
-	e := newFileEnv(t, typ, c, segments(typ))
+func EscapedPathRoundTrip(t testing.TB, s Suite, en targets.Entry) {
+	e := newFileEnv(t, s, en, segments(en.Type))
 	e.roundTrip()
 }
 
@@ -638,7 +533,7 @@ func (e *env) roundTrip() {
 	t.Helper()
 	size := e.dev.Size()
 	model := make([]byte, size)
-	if e.c.Data == Stores {
+	if e.c.Data == targets.Stores {
 		model = pattern(4, int(size))
 	}
 	e.write(pattern(4, int(size)), 0)
@@ -658,7 +553,7 @@ func (e *env) roundTrip() {
 	if len(lines) != i {
 		t.Errorf("table output has %d lines for %d targets:\n%s", len(lines), i, text)
 	}
-	e.checkNames(text, stack.StatusTable, e.c.Data == Stores)
+	e.checkNames(text, stack.StatusTable, e.c.Data == targets.Stores)
 	if err := e.mgr.Load(envName, text, ""); err != nil {
 		t.Fatalf("the printed table does not load again: %v\n%s", err, text)
 	}
@@ -716,12 +611,13 @@ func kind(st stack.StatusType) string {
 // inside it, and a device name it prints (Case.InfoNamesDevices) escaped so
 // that it comes back as one argument. It runs over backing files whose
 // names hold a space and a backslash, after some I/O.
-func StatusInfoFormat(t testing.TB, typ *stack.TargetType, c Case) {
-	e := newFileEnv(t, typ, c, segments(typ))
+func StatusInfoFormat(t testing.TB, s Suite, en targets.Entry) {
+	typ, c := en.Type, en.Case
+	e := newFileEnv(t, s, en, segments(typ))
 	size := e.dev.Size()
 	p := pattern(5, 8192)
 	e.write(p, size-8192)
-	if c.Data != Stores {
+	if c.Data != targets.Stores {
 		p = make([]byte, len(p))
 	}
 	e.read(p, size-8192)

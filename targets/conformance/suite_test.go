@@ -1,4 +1,4 @@
-package stacktest_test
+package conformance_test
 
 import (
 	"context"
@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stack/stacktest"
+	"github.com/dmfuse/dmfuse/targets"
+	"github.com/dmfuse/dmfuse/targets/conformance"
 )
 
 // faultyType is a remapping target type with one fault chosen by its second
@@ -102,8 +103,8 @@ func (f *faulty) Status(t stack.StatusType) string {
 
 func (f *faulty) Close() error { return nil }
 
-func faultyCase(mode string) stacktest.Case {
-	return stacktest.Case{Params: func(dev string) string { return dev + " " + mode }}
+func faultyEntry(mode string) targets.Entry {
+	return targets.Entry{Type: faultyType, Case: targets.Case{Params: func(s targets.Segment) string { return s.Dev + " " + mode }}}
 }
 
 // recorder is a testing.TB that records failures instead of failing the
@@ -144,18 +145,18 @@ func (r *recorder) Failed() bool {
 }
 
 // runRecorded runs check on r in its own goroutine, as Fatal ends it.
-func runRecorded(r *recorder, check stacktest.Check, typ *stack.TargetType, c stacktest.Case) {
+func runRecorded(r *recorder, check conformance.Check, e targets.Entry) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		check(r, typ, c)
+		check(r, conformance.Suite{}, e)
 	}()
 	<-done
 }
 
 // TestSuitePassesGoodTarget: a correct remapping target passes every check.
 func TestSuitePassesGoodTarget(t *testing.T) {
-	stacktest.Run(t, faultyType, faultyCase("good"))
+	conformance.Suite{}.Run(t, faultyEntry("good"))
 }
 
 // TestSuiteCatchesFaults: each check fails on a target with the fault it is
@@ -174,8 +175,7 @@ func TestSuiteCatchesFaults(t *testing.T) {
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			r := &recorder{TB: t}
-			c := faultyCase(tc.mode)
-			runRecorded(r, stacktest.All[tc.check], faultyType, c)
+			runRecorded(r, conformance.All[tc.check], faultyEntry(tc.mode))
 			if !r.Failed() {
 				t.Fatalf("%s passed a target with fault %q", tc.check, tc.mode)
 			}
@@ -186,7 +186,7 @@ func TestSuiteCatchesFaults(t *testing.T) {
 			// The fault is caught by the check that is about it, not only
 			// by chance elsewhere: the good target passes the same check.
 			g := &recorder{TB: t}
-			runRecorded(g, stacktest.All[tc.check], faultyType, faultyCase("good"))
+			runRecorded(g, conformance.All[tc.check], faultyEntry("good"))
 			if g.Failed() {
 				t.Errorf("%s fails the good target too:\n%s", tc.check, strings.Join(g.msgs, "\n"))
 			}
@@ -194,33 +194,70 @@ func TestSuiteCatchesFaults(t *testing.T) {
 	}
 }
 
-// TestNotApplicableNamesChecks: every declaration in Cases names a check of
-// All and gives a reason.
-func TestNotApplicableNamesChecks(t *testing.T) {
-	for typ, c := range stacktest.Cases {
+// TestCases: every case of the list names a check of All in each
+// NotApplicable declaration and gives a reason, and has Params; a case that
+// builds below its lines says what it stores.
+func TestCases(t *testing.T) {
+	for _, e := range targets.All() {
+		c := e.Case
 		for name, why := range c.NotApplicable {
-			if _, ok := stacktest.All[name]; !ok {
-				t.Errorf("%s: NotApplicable names %q, which is no check", typ, name)
+			if _, ok := conformance.All[name]; !ok {
+				t.Errorf("%s: NotApplicable names %q, which is no check", e.Type.Name, name)
 			}
 			if strings.TrimSpace(why) == "" {
-				t.Errorf("%s: NotApplicable %q gives no reason", typ, name)
+				t.Errorf("%s: NotApplicable %q gives no reason", e.Type.Name, name)
 			}
 		}
 		if c.Params == nil {
-			t.Errorf("%s: no Params", typ)
+			t.Errorf("%s: no Params", e.Type.Name)
+		}
+		if (c.Below == nil) != (c.Stored == nil) {
+			t.Errorf("%s: Below and Stored come together", e.Type.Name)
 		}
 	}
 }
 
-// TestMissingCases: a registered type without a case is reported, so that
-// RunRegistry fails for it; the known ones are not.
-func TestMissingCases(t *testing.T) {
-	stray := &stack.TargetType{Name: "stray", Version: [3]int{1, 0, 0}, New: stack.Zero.New}
-	reg, err := stack.NewRegistry(stack.Linear, stray, stack.Zero)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := stacktest.Missing(reg); len(got) != 1 || got[0] != "stray" {
-		t.Errorf("Missing = %q, want [stray]", got)
+// TestConformance runs the suite on every target type dmfuse registers,
+// in process.
+func TestConformance(t *testing.T) {
+	conformance.Suite{}.RunAll(t, targets.All())
+}
+
+// belowEntry is the faulty type over a linear device the case builds below
+// each segment; with wrongStored, the case's Stored reads that device from
+// the wrong offset, which the checks that look below must catch.
+func belowEntry(wrongStored bool) targets.Entry {
+	return targets.Entry{Type: faultyType, Case: targets.Case{
+		Params: func(s targets.Segment) string { return s.Below + " good" },
+		Uses:   []*stack.TargetType{stack.Linear},
+		Below: func(m *stack.Manager, s targets.Segment) (string, error) {
+			name := fmt.Sprintf("lin%d", s.Index)
+			_, err := m.Create(stack.CreateOptions{Name: name, Minor: -1, Table: fmt.Sprintf("0 %d linear %s 0", s.Sectors, s.Dev)})
+			return name, err
+		},
+		Stored: func(m *stack.Manager, s targets.Segment, n int64) ([]byte, error) {
+			p := make([]byte, n)
+			off := int64(0)
+			if wrongStored {
+				off = stack.SectorSize
+				p = p[:n-off]
+			}
+			_, err := m.Lookup(s.Below).ReadAt(context.Background(), p, off)
+			return p, err
+		},
+	}}
+}
+
+// TestSuiteBelow: a case that builds devices below its lines runs every
+// check, and the checks that compare what was stored read it through the
+// case's Stored: a Stored that reads the wrong place fails them.
+func TestSuiteBelow(t *testing.T) {
+	conformance.Suite{}.Run(t, belowEntry(false))
+	for check, want := range map[string]string{"SegmentOffsets": "holds other data", "ConcurrentIO": "differs from the model"} {
+		r := &recorder{TB: t}
+		runRecorded(r, conformance.All[check], belowEntry(true))
+		if !r.Failed() || !strings.Contains(strings.Join(r.msgs, "\n"), want) {
+			t.Errorf("%s on a case whose Stored reads the wrong offset: %q, want a message containing %q", check, r.msgs, want)
+		}
 	}
 }
