@@ -103,19 +103,12 @@ func (m *Manager) openArg(self *Device, arg string, ro bool, dir string) (BlockD
 		min, _ = strconv.ParseUint(mm[2], 10, 32)
 	}
 	if mm != nil && maj == Major || mm == nil && !strings.Contains(arg, "/") {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		d := m.byName[arg]
-		if mm != nil {
-			d = m.byMinor[uint32(min)]
+		if bd, ok, err := m.openMapped(self, arg, mm != nil, uint32(min)); ok {
+			return bd, err
 		}
-		switch {
-		case d != nil:
-			return m.useMapped(self, d)
-		case m.open != nil:
-			return m.open(arg)
+		if m.open == nil {
+			return nil, Errorf("Device lookup failed: %s: no such mapped device", arg)
 		}
-		return nil, Errorf("Device lookup failed: %s: no such mapped device", arg)
 	}
 	if m.open != nil {
 		return m.open(arg)
@@ -148,6 +141,22 @@ func (m *Manager) openArg(self *Device, arg string, ro bool, dir string) (BlockD
 		return nil, lookupFailed(arg, err)
 	}
 	return bd, nil
+}
+
+// openMapped resolves arg to the device of m called arg, or with byMinor
+// to the device of that minor; ok is false when there is none.
+func (m *Manager) openMapped(self *Device, arg string, byMinor bool, minor uint32) (bd BlockDevice, ok bool, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d := m.byName[arg]
+	if byMinor {
+		d = m.byMinor[minor]
+	}
+	if d == nil {
+		return nil, false, nil
+	}
+	bd, err = m.useMapped(self, d)
+	return bd, true, err
 }
 
 func unwrapPath(err error) error {

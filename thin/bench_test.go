@@ -59,14 +59,7 @@ func benchManager(tb testing.TB, mems stacktest.Opener, touch ...string) *stack.
 			b[i] = 1
 		}
 	}
-	var m *stack.Manager
-	m = stack.NewManager(stack.ManagerOptions{Registry: reg, Context: context.Background(), Clock: &clock.Manual{},
-		Open: func(arg string) (stack.BlockDevice, error) {
-			if d := m.Lookup(arg); d != nil {
-				return d, nil
-			}
-			return mems.Open(arg)
-		}})
+	m := stack.NewManager(stack.ManagerOptions{Registry: reg, Context: context.Background(), Clock: &clock.Manual{}, Open: mems.Open})
 	tb.Cleanup(func() { m.RemoveAll(stack.Flags{}) })
 	return m
 }
