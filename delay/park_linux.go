@@ -20,10 +20,8 @@ const (
 // by the scheduler's locked thread lands in the run queue of that thread's P,
 // which the scheduler keeps while it naps in ppoll; unless another P is idle
 // to steal it, it waits for the runtime's sysmon, which sleeps up to 10 ms
-// when the process is quiet. Measured with fio at QD1 on a 10 ms device
-// (6 s, two runs each), replies more than 0.5 ms late fell from 36-38 to
-// 8-33 and the p99 from 15 ms to 10.5-13 ms; in process (BenchmarkAccuracy)
-// the median lateness at 10 ms fell from about 30 us to 6-8 us.
+// when the process is quiet (what parking on a futex saved is in
+// docs/benchmarks.md, Delay).
 func (w *waiter) park() {
 	for w.sig.Load() == 0 {
 		unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(&w.sig)), futexWaitPrivate, 0, 0, 0, 0)

@@ -387,8 +387,8 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	// it, not added to it. On io_uring, Waiting hands the queue to
 	// another thread (a system call and a thread wake-up, which may
 	// preempt this one), and the wake-up of the scheduler below may
-	// preempt it too: some 25-40 us at QD1 on a 2-vCPU VM, which a
-	// deadline taken after them added to every request.
+	// preempt it too, which a deadline taken after them added to every
+	// request (docs/benchmarks.md, Delay).
 	due := q.s.clock.Nanotime() + d
 	long := d > q.s.clock.Lead()
 	// The request waits from here on, however short the delay: a

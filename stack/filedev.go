@@ -24,7 +24,7 @@ type fileDev struct {
 	memory bool // a file in memory (tmpfs, ramfs): a sync never waits for a disk
 	// asyncRead: io_uring reads the file without a worker thread (the
 	// file's system takes non-blocking reads: a block device, ext4, xfs,
-	// btrfs), which DirectIO needs to beat pread.
+	// btrfs), which FileRead needs to beat pread.
 	asyncRead bool
 	rdev      uint64 // a block device's number
 	limits    Limits

@@ -267,3 +267,28 @@ func lookupFailed(arg string, err error) error {
 	}
 	return e
 }
+
+// StorageKey returns what identifies the storage behind dev, so that two
+// devices can be compared as the kernel compares block devices by number:
+// the same mapped device, block device or file opened twice gives the same
+// key (the device itself, a block device's number, a file's device and
+// inode); any other device is its own key.
+func StorageKey(dev BlockDevice) any {
+	type fileKey struct{ dev, ino, rdev uint64 }
+	switch d := dev.(type) {
+	case *mappedRef:
+		return d.Device
+	case *Device:
+		return d
+	case *fileDev:
+		var st unix.Stat_t
+		if unix.Fstat(d.fd, &st) != nil {
+			return d
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFBLK {
+			return fileKey{rdev: st.Rdev}
+		}
+		return fileKey{dev: st.Dev, ino: st.Ino}
+	}
+	return dev
+}

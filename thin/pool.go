@@ -1,10 +1,10 @@
 package thin
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -13,7 +13,6 @@ import (
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
-	"github.com/dmfuse/dmfuse/stats"
 	"github.com/dmfuse/dmfuse/thin/metadata"
 )
 
@@ -84,7 +83,7 @@ func SetNoSpaceTimeout(set *stack.SharedSet, d time.Duration) error {
 	if set == nil {
 		return errors.New("thin: no_space_timeout: no shared set (a table built without a Manager has the default)")
 	}
-	reg, err := sharedPoolTable(set)
+	reg, err := sharedPools(set)
 	if err != nil {
 		return fmt.Errorf("thin: no_space_timeout %v: %w", d, err)
 	}
@@ -99,7 +98,7 @@ func NoSpaceTimeout(set *stack.SharedSet) (time.Duration, error) {
 	if set == nil {
 		return DefaultNoSpaceTimeout, nil
 	}
-	reg, err := sharedPoolTable(set)
+	reg, err := sharedPools(set)
 	if err != nil {
 		return 0, fmt.Errorf("thin: no_space_timeout: %w", err)
 	}
@@ -121,7 +120,7 @@ type poolDevs struct {
 // thin targets share, keyed by the metadata device and by the pool's
 // mapped device.
 type pool struct {
-	reg              *poolTable
+	reg              *pools
 	metaKey, dataKey any
 	owner            *stack.Device
 	sectorsPerBlock  uint32
@@ -165,11 +164,11 @@ type pool struct {
 	done chan struct{}
 }
 
-// poolTable is the kernel's dm_thin_pool_table: the pool objects, by
+// pools is the kernel's dm_thin_pool_table: the pool objects, by
 // metadata device, by pool device and by data device, and their
 // references; and the module parameter no_space_timeout. A Manager has one
 // (in its stack.SharedSet), as a kernel has one dm_thin_pool module.
-type poolTable struct {
+type pools struct {
 	mu      sync.Mutex
 	byMeta  map[any]*pool
 	byOwner map[*stack.Device]*pool
@@ -180,63 +179,39 @@ type poolTable struct {
 	noSpaceTimeout atomic.Int64
 }
 
-func newPoolTable() *poolTable {
-	t := &poolTable{byMeta: map[any]*pool{}, byOwner: map[*stack.Device]*pool{}, byData: map[any]*pool{}}
+func newPools() *pools {
+	t := &pools{byMeta: map[any]*pool{}, byOwner: map[*stack.Device]*pool{}, byData: map[any]*pool{}}
 	t.noSpaceTimeout.Store(int64(DefaultNoSpaceTimeout))
 	return t
 }
 
-func (t *poolTable) setNoSpaceTimeout(d time.Duration) {
+func (t *pools) setNoSpaceTimeout(d time.Duration) {
 	t.noSpaceTimeout.Store(int64(max(d, 0)))
 }
 
-// poolTableKey keys a Manager's pool table in its shared set.
-type poolTableKey struct{}
+// poolsKey keys a Manager's pool table in its shared set.
+type poolsKey struct{}
 
-// sharedPoolTable returns the pool table kept in set, making it on first
+// sharedPools returns the pool table kept in set, making it on first
 // use. A nil set shares nothing: each call makes a new table.
-func sharedPoolTable(set *stack.SharedSet) (*poolTable, error) {
-	v, err := set.Get(poolTableKey{}, func() (any, error) { return newPoolTable(), nil })
+func sharedPools(set *stack.SharedSet) (*pools, error) {
+	v, err := set.Get(poolsKey{}, func() (any, error) { return newPools(), nil })
 	if err != nil {
 		return nil, err
 	}
-	return v.(*poolTable), nil
+	return v.(*pools), nil
 }
 
-// poolTableFor returns the pool table a pool constructor works in: its
+// poolsFor returns the pool table a pool constructor works in: its
 // Manager's (Ctor.Shared). A table built without a Manager has a pool table
 // of its own, as it shares nothing (its pool is never reused by a reload,
 // which needs a Manager's device). It fails when the Manager is closed.
-func poolTableFor(c *stack.Ctor) (*poolTable, error) {
-	reg, err := sharedPoolTable(c.Shared)
+func poolsFor(c *stack.Ctor) (*pools, error) {
+	reg, err := sharedPools(c.Shared)
 	if err != nil {
 		return nil, stack.Errorf("Error finding the pool table: %v", err)
 	}
 	return reg, nil
-}
-
-// devKey returns what identifies the storage behind dev: the same mapped
-// device, block device or file opened twice gives the same key (the
-// kernel compares block devices).
-func devKey(dev stack.BlockDevice) any {
-	if d, ok := dev.(interface{ Disk() *stats.Disk }); ok {
-		return d.Disk() // a mapped device, or a table's reference to one
-	}
-	type fileKey struct{ dev, ino, rdev uint64 }
-	name := dev.Name()
-	path := name
-	if len(name) > 0 && name[0] != '/' {
-		path = "/dev/block/" + name
-	}
-	if fi, err := os.Stat(path); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			if st.Mode&syscall.S_IFMT == syscall.S_IFBLK {
-				return fileKey{rdev: st.Rdev}
-			}
-			return fileKey{dev: st.Dev, ino: st.Ino}
-		}
-	}
-	return dev
 }
 
 // errnoOf returns the errno err carries, or def.
@@ -271,8 +246,8 @@ func storeErrno(err error) syscall.Errno {
 // device, or the one bound to the pool's mapped device, or a new one. It
 // takes a reference; created says the object is new.
 func findPool(c *stack.Ctor, open OpenFunc, meta, data stack.BlockDevice, bs uint32, readOnly bool) (p *pool, created bool, err error) {
-	mk, dk := devKey(meta), devKey(data)
-	registry, err := poolTableFor(c)
+	mk, dk := stack.StorageKey(meta), stack.StorageKey(data)
+	registry, err := poolsFor(c)
 	if err != nil {
 		return nil, false, err
 	}
@@ -416,7 +391,7 @@ type metaDevice struct{ p *pool }
 
 var errNoTable = fmt.Errorf("thin-pool has no table: %w", syscall.EIO)
 
-func (m metaDevice) ReadAt(ctx ctxT, b []byte, off int64) (int, error) {
+func (m metaDevice) ReadAt(ctx context.Context, b []byte, off int64) (int, error) {
 	d := m.p.acquire()
 	if d == nil {
 		return 0, errNoTable
@@ -425,7 +400,7 @@ func (m metaDevice) ReadAt(ctx ctxT, b []byte, off int64) (int, error) {
 	return d.meta.ReadAt(ctx, b, off)
 }
 
-func (m metaDevice) WriteAt(ctx ctxT, b []byte, off int64) (int, error) {
+func (m metaDevice) WriteAt(ctx context.Context, b []byte, off int64) (int, error) {
 	d := m.p.acquire()
 	if d == nil {
 		return 0, errNoTable
@@ -434,7 +409,7 @@ func (m metaDevice) WriteAt(ctx ctxT, b []byte, off int64) (int, error) {
 	return d.meta.WriteAt(ctx, b, off)
 }
 
-func (m metaDevice) Flush(ctx ctxT) error {
+func (m metaDevice) Flush(ctx context.Context) error {
 	d := m.p.acquire()
 	if d == nil {
 		return errNoTable
@@ -781,3 +756,9 @@ func (p *pool) ioError() error {
 	}
 	return syscall.EIO
 }
+
+// bg is the context of I/O the pool makes on its own (commits).
+var bg = context.Background()
+
+// stackLog logs what the kernel logs with DMWARN and DMINFO outside a pool.
+func stackLog(format string, a ...any) { log.Printf("thin: "+format, a...) }

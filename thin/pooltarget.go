@@ -26,6 +26,12 @@ func NewTypes(open OpenFunc) (pool, thin *stack.TargetType) {
 	return pool, thin
 }
 
+// PoolType and Type are the thin-pool and thin target types over the
+// kernel's on-disk metadata format (metadata.Open).
+var PoolType, Type = NewTypes(func(d metadata.Device, o metadata.Options) (metadata.Store, error) {
+	return metadata.Open(d, o)
+})
+
 // PoolTarget is a constructed thin-pool target (struct pool_c).
 type PoolTarget struct {
 	data      stack.BlockDevice // I/O to the pool device goes here 1:1

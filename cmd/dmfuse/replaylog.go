@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/dmfuse/dmfuse/internal/dmarg"
 	"github.com/dmfuse/dmfuse/internal/getopt"
 	"github.com/dmfuse/dmfuse/logwrites"
 )
@@ -147,7 +148,7 @@ func parseReplayLog(argv []string, errw io.Writer) (o logwrites.ReplayOptions, s
 	_, posix := os.LookupEnv("POSIXLY_CORRECT")
 	g := &getopt.Parser{Prog: o.Prog, Args: argv[1:], Shorts: "v", Longs: replayLogOptions, Posix: posix}
 	number := func(s, what string) uint64 {
-		v, ok := strtoull(s)
+		v, ok := dmarg.Strtoull(s)
 		if !ok {
 			fail("Invalid %s number\n", what)
 		}
@@ -160,7 +161,7 @@ func parseReplayLog(argv []string, errw io.Writer) (o logwrites.ReplayOptions, s
 		return &s
 	}
 	check := func(s string) (logwrites.CheckMode, uint64) {
-		mode, n, ok := logwrites.ParseCheckMode(s, strtoull)
+		mode, n, ok := logwrites.ParseCheckMode(s, dmarg.Strtoull)
 		if !ok {
 			fail("Invalid entry number\n")
 		}

@@ -298,25 +298,6 @@ var optionVectors = []rlVector{
 	{"--log A --fsck '' --check fua", "Log version=1, sectorsize=512, entries=5\n", "", 0},
 }
 
-func TestStrtoull(t *testing.T) {
-	for _, tc := range []struct {
-		s  string
-		v  uint64
-		ok bool
-	}{
-		{"", 0, true}, {"0", 0, true}, {"12", 12, true}, {"0x1f", 31, true}, {"0X1F", 31, true},
-		{"017", 15, true}, {"08", 0, false}, {" \t7", 7, true}, {"7 ", 7, false}, {"+5", 5, true},
-		{"-1", 1<<64 - 1, true}, {"-", 0, false}, {"0x", 0, false}, {"0xg", 0, false},
-		{"99999999999999999999", 1<<64 - 1, true}, {"18446744073709551615", 1<<64 - 1, true},
-		{"18446744073709551616", 1<<64 - 1, true}, {"1e3", 1, false}, {"abc", 0, false},
-	} {
-		v, ok := strtoull(tc.s)
-		if ok != tc.ok || ok && v != tc.v {
-			t.Errorf("strtoull(%q) = %d, %v; want %d, %v", tc.s, v, ok, tc.v, tc.ok)
-		}
-	}
-}
-
 // TestReplayLogEach walks the check points of Log D in one pass: the
 // command sees each FUA point with its entry number in the environment,
 // and a failing point stops the walk with the entry and a command that

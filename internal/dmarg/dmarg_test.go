@@ -263,3 +263,22 @@ func b2u(b bool) uint64 {
 	}
 	return 0
 }
+
+func TestStrtoull(t *testing.T) {
+	for _, tc := range []struct {
+		s  string
+		v  uint64
+		ok bool
+	}{
+		{"", 0, true}, {"0", 0, true}, {"12", 12, true}, {"0x1f", 31, true}, {"0X1F", 31, true},
+		{"017", 15, true}, {"08", 0, false}, {" \t7", 7, true}, {"7 ", 7, false}, {"+5", 5, true},
+		{"-1", 1<<64 - 1, true}, {"-", 0, false}, {"0x", 0, false}, {"0xg", 0, false},
+		{"99999999999999999999", 1<<64 - 1, true}, {"18446744073709551615", 1<<64 - 1, true},
+		{"18446744073709551616", 1<<64 - 1, true}, {"1e3", 1, false}, {"abc", 0, false},
+	} {
+		v, ok := Strtoull(tc.s)
+		if ok != tc.ok || ok && v != tc.v {
+			t.Errorf("Strtoull(%q) = %d, %v; want %d, %v", tc.s, v, ok, tc.v, tc.ok)
+		}
+	}
+}

@@ -77,7 +77,7 @@ func TestMain(m *testing.M) {
 
 // openBench opens the image of n mappings: read-only in place, or a
 // writable copy.
-func openBench(b *testing.B, n, cache int, writable bool) *Pool {
+func openBench(b *testing.B, n, cache int, writable bool) *DiskStore {
 	if !writable {
 		f, err := os.Open(benchImage(b, n))
 		if err != nil {

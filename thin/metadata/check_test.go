@@ -12,7 +12,7 @@ import (
 // metadata, as thin_check 1.x does, and compares them with both space
 // maps, and each device's mapped_blocks with its tree. It returns the highest
 // metadata and data counts.
-func verifyCounts(t testing.TB, p *Pool) (maxMeta, maxData uint32) {
+func verifyCounts(t testing.TB, p *DiskStore) (maxMeta, maxData uint32) {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -15,7 +15,7 @@ func le64(v uint64) []byte {
 	return b[:]
 }
 
-func (p *Pool) lookupDetails(id uint32) (deviceDetails, bool, error) {
+func (p *DiskStore) lookupDetails(id uint32) (deviceDetails, bool, error) {
 	var v [detailsSize]byte
 	ok, err := btree.Lookup(&p.details, p.detailsRoot, uint64(id), v[:])
 	if err != nil || !ok {
@@ -26,7 +26,7 @@ func (p *Pool) lookupDetails(id uint32) (deviceDetails, bool, error) {
 
 // device returns the state of thin device id (__open_device without
 // create): ok false when there is none.
-func (p *Pool) device(id uint32) (*devState, bool, error) {
+func (p *DiskStore) device(id uint32) (*devState, bool, error) {
 	if st, ok := p.devs[id]; ok {
 		return st, !st.gone, nil
 	}
@@ -47,7 +47,7 @@ func checkID(id uint32) error {
 }
 
 // subtreeRoot is the root of device id's mapping tree.
-func (p *Pool) subtreeRoot(id uint32) (uint64, error) {
+func (p *DiskStore) subtreeRoot(id uint32) (uint64, error) {
 	var v [8]byte
 	ok, err := btree.Lookup(&p.top, p.root, uint64(id), v[:])
 	if err != nil {
@@ -59,7 +59,7 @@ func (p *Pool) subtreeRoot(id uint32) (uint64, error) {
 	return le.Uint64(v[:]), nil
 }
 
-func (p *Pool) newDevice(id uint32, d deviceDetails) {
+func (p *DiskStore) newDevice(id uint32, d deviceDetails) {
 	st, ok := p.devs[id]
 	if !ok {
 		st = &devState{id: id}
@@ -70,7 +70,7 @@ func (p *Pool) newDevice(id uint32, d deviceDetails) {
 
 // checkNew checks that a device id may be created (what names the
 // operation in the error): a valid id, a writable pool, no such device yet.
-func (p *Pool) checkNew(id uint32, what string) error {
+func (p *DiskStore) checkNew(id uint32, what string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ func (p *Pool) checkNew(id uint32, what string) error {
 }
 
 // CreateThin adds an empty thin device.
-func (p *Pool) CreateThin(id uint32) error {
+func (p *DiskStore) CreateThin(id uint32) error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.checkNew(id, "create thin"); err != nil {
@@ -107,7 +107,7 @@ func (p *Pool) CreateThin(id uint32) error {
 
 // CreateSnap adds thin device id sharing every mapping of origin: the
 // origin's mapping tree gains a reference and both devices point to it.
-func (p *Pool) CreateSnap(id, origin uint32) error {
+func (p *DiskStore) CreateSnap(id, origin uint32) error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.checkNew(id, "create snapshot"); err != nil {
@@ -144,7 +144,7 @@ func (p *Pool) CreateSnap(id, origin uint32) error {
 }
 
 // DeleteThin removes a thin device and drops its mapping tree.
-func (p *Pool) DeleteThin(id uint32) error {
+func (p *DiskStore) DeleteThin(id uint32) error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.writable(); err != nil {
@@ -182,14 +182,14 @@ func (p *Pool) DeleteThin(id uint32) error {
 }
 
 // TransactionID is the user's transaction id.
-func (p *Pool) TransactionID() uint64 {
+func (p *DiskStore) TransactionID() uint64 {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.transID
 }
 
 // SetTransactionID sets the transaction id to new if it is old.
-func (p *Pool) SetTransactionID(old, new uint64) error {
+func (p *DiskStore) SetTransactionID(old, new uint64) error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.writable(); err != nil {
@@ -206,7 +206,7 @@ func (p *Pool) SetTransactionID(old, new uint64) error {
 // ReserveMetadataSnap commits, then copies the superblock to a new block
 // whose trees share the live ones (__reserve_metadata_snap). The next
 // Commit publishes it as the superblock's held root.
-func (p *Pool) ReserveMetadataSnap() error {
+func (p *DiskStore) ReserveMetadataSnap() error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.writable(); err != nil {
@@ -243,7 +243,7 @@ func (p *Pool) ReserveMetadataSnap() error {
 }
 
 // ReleaseMetadataSnap drops the metadata snapshot and its references.
-func (p *Pool) ReleaseMetadataSnap() error {
+func (p *DiskStore) ReleaseMetadataSnap() error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.writable(); err != nil {
@@ -272,14 +272,14 @@ func (p *Pool) ReleaseMetadataSnap() error {
 }
 
 // MetadataSnap is the metadata snapshot's block (0: none).
-func (p *Pool) MetadataSnap() uint64 {
+func (p *DiskStore) MetadataSnap() uint64 {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.heldRoot
 }
 
 // OpenThin opens thin device id.
-func (p *Pool) OpenThin(id uint32) (Thin, error) {
+func (p *DiskStore) OpenThin(id uint32) (Thin, error) {
 	p.mu.Lock()
 	defer p.unlock()
 	st, ok, err := p.device(id)
@@ -294,7 +294,7 @@ func (p *Pool) OpenThin(id uint32) (Thin, error) {
 }
 
 // AllocDataBlock takes a free data block with one reference.
-func (p *Pool) AllocDataBlock() (uint64, error) {
+func (p *DiskStore) AllocDataBlock() (uint64, error) {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.writable(); err != nil {
@@ -308,16 +308,16 @@ func (p *Pool) AllocDataBlock() (uint64, error) {
 }
 
 // IncDataRange adds a reference to data blocks [begin, end).
-func (p *Pool) IncDataRange(begin, end uint64) error {
+func (p *DiskStore) IncDataRange(begin, end uint64) error {
 	return p.dataRange(begin, end, (*sm.Disk).Inc)
 }
 
 // DecDataRange drops a reference to data blocks [begin, end).
-func (p *Pool) DecDataRange(begin, end uint64) error {
+func (p *DiskStore) DecDataRange(begin, end uint64) error {
 	return p.dataRange(begin, end, (*sm.Disk).Dec)
 }
 
-func (p *Pool) dataRange(begin, end uint64, fn func(*sm.Disk, uint64) error) error {
+func (p *DiskStore) dataRange(begin, end uint64, fn func(*sm.Disk, uint64) error) error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.writable(); err != nil {
@@ -333,7 +333,7 @@ func (p *Pool) dataRange(begin, end uint64, fn func(*sm.Disk, uint64) error) err
 }
 
 // BlockIsShared says whether data block b has more than one reference.
-func (p *Pool) BlockIsShared(b uint64) (bool, error) {
+func (p *DiskStore) BlockIsShared(b uint64) (bool, error) {
 	p.mu.Lock()
 	defer p.unlock()
 	c, err := p.dsm.Count(b)
@@ -341,28 +341,28 @@ func (p *Pool) BlockIsShared(b uint64) (bool, error) {
 }
 
 // FreeDataBlocks is the number of data blocks without a reference.
-func (p *Pool) FreeDataBlocks() (uint64, error) {
+func (p *DiskStore) FreeDataBlocks() (uint64, error) {
 	return p.freeData.Load(), nil
 }
 
 // DataBlocks is the size of the data space map.
-func (p *Pool) DataBlocks() (uint64, error) {
+func (p *DiskStore) DataBlocks() (uint64, error) {
 	return p.nrData.Load(), nil
 }
 
 // FreeMetadataBlocks is the number of metadata blocks without a
 // reference.
-func (p *Pool) FreeMetadataBlocks() (uint64, error) {
+func (p *DiskStore) FreeMetadataBlocks() (uint64, error) {
 	return p.freeMeta.Load(), nil
 }
 
 // MetadataBlocks is the size of the metadata space map.
-func (p *Pool) MetadataBlocks() (uint64, error) {
+func (p *DiskStore) MetadataBlocks() (uint64, error) {
 	return p.nrMeta.Load(), nil
 }
 
 // ResizeData grows the data space map to n blocks.
-func (p *Pool) ResizeData(n uint64) error {
+func (p *DiskStore) ResizeData(n uint64) error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.writable(); err != nil {
@@ -381,7 +381,7 @@ func (p *Pool) ResizeData(n uint64) error {
 
 // ResizeMetadata grows the metadata space map to n blocks (at most the
 // device's size and the format's limit).
-func (p *Pool) ResizeMetadata(n uint64) error {
+func (p *DiskStore) ResizeMetadata(n uint64) error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.writable(); err != nil {

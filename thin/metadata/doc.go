@@ -9,7 +9,7 @@
 // methods are safe for concurrent use (a pool-wide reader/writer lock, as
 // the kernel's pmd->root_lock). Changes are made in a transaction that
 // Commit makes durable (the superblock written last) and Abort drops.
-// Open returns the implementation, a *Pool.
+// Open returns the implementation, a *DiskStore.
 //
 // # The format
 //

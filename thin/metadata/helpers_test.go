@@ -78,7 +78,7 @@ func newFileDev(t testing.TB, blocks int) (fileDev, string) {
 	return fileDev{f}, path
 }
 
-func mustOpen(t testing.TB, dev Device, o Options) *Pool {
+func mustOpen(t testing.TB, dev Device, o Options) *DiskStore {
 	t.Helper()
 	p, err := Open(dev, o)
 	if err != nil {

@@ -83,7 +83,7 @@ func TestSnapshotSharing(t *testing.T) {
 	}
 }
 
-func mustThin(t *testing.T, p *Pool, id uint32) Thin {
+func mustThin(t *testing.T, p *DiskStore, id uint32) Thin {
 	t.Helper()
 	th, err := p.OpenThin(id)
 	if err != nil {

@@ -14,8 +14,8 @@ import (
 	"github.com/dmfuse/dmfuse/persistent/tm"
 )
 
-// Pool is a Store on the kernel's on-disk format.
-type Pool struct {
+// DiskStore is a Store on the kernel's on-disk format.
+type DiskStore struct {
 	mu   rwLock
 	dev  Device
 	opts Options
@@ -45,7 +45,7 @@ type Pool struct {
 	freeData, nrData, freeMeta, nrMeta atomic.Uint64
 }
 
-var _ Store = (*Pool)(nil)
+var _ Store = (*DiskStore)(nil)
 
 // devState is an open or changed thin device (the kernel's
 // dm_thin_device).
@@ -57,7 +57,7 @@ type devState struct {
 	d       deviceDetails
 
 	// root is the device's mapping tree root as the top level held it
-	// when Pool.topGen was rootGen: Find looks it up once per change of
+	// when DiskStore.topGen was rootGen: Find looks it up once per change of
 	// the top level, not on every call. Lookups under the shared lock
 	// store root before rootGen, and all of them store the same values
 	// for one rootGen.
@@ -69,7 +69,7 @@ type devState struct {
 // valid metadata of the kernel's format. A device that is too small, of
 // another format or damaged is refused with an error wrapping ErrCorrupt,
 // and nothing is written to it.
-func Open(dev Device, o Options) (*Pool, error) {
+func Open(dev Device, o Options) (*DiskStore, error) {
 	nr := uint64(dev.Size()) / block.Size
 	if nr == 0 {
 		return nil, fmt.Errorf("%w: metadata device of %d bytes is too small", ErrCorrupt, dev.Size())
@@ -78,7 +78,7 @@ func Open(dev Device, o Options) (*Pool, error) {
 	if n, err := dev.ReadAt(context.Background(), buf, 0); err != nil || n != block.Size {
 		return nil, fmt.Errorf("read metadata superblock: %d bytes: %w", n, err)
 	}
-	p := &Pool{dev: dev, opts: o, devs: make(map[uint32]*devState)}
+	p := &DiskStore{dev: dev, opts: o, devs: make(map[uint32]*devState)}
 	if !slices.ContainsFunc(buf, func(c byte) bool { return c != 0 }) {
 		if o.ReadOnly {
 			return nil, fmt.Errorf("cannot format a new pool on a read-only metadata device: %w", ErrReadOnly)
@@ -104,7 +104,7 @@ func Open(dev Device, o Options) (*Pool, error) {
 
 // publish stores the space maps' counts for the readers that take no
 // lock; called with the lock held exclusively.
-func (p *Pool) publish() {
+func (p *DiskStore) publish() {
 	if p.dsm != nil {
 		p.freeData.Store(p.dsm.NrFree())
 		p.nrData.Store(p.dsm.NrBlocks())
@@ -116,12 +116,12 @@ func (p *Pool) publish() {
 }
 
 // unlock publishes the counts and releases the exclusive lock.
-func (p *Pool) unlock() {
+func (p *DiskStore) unlock() {
 	p.publish()
 	p.mu.Unlock()
 }
 
-func (p *Pool) setupInfos() {
+func (p *DiskStore) setupInfos() {
 	p.bottom = btree.Info{TM: p.tm, VT: btree.ValueType{
 		Size: 8,
 		Inc: func(vals []byte, n int) error {
@@ -173,7 +173,7 @@ func minFormatBlocks(nrMeta, nrData uint64) uint64 {
 	return 16 + metaBitmaps + dataBitmaps + 2*(dataBitmaps/56+1)
 }
 
-func (p *Pool) format(nr uint64) error {
+func (p *DiskStore) format(nr uint64) error {
 	o := p.opts
 	if o.DataBlockSize == 0 {
 		return errors.New("format pool metadata: data block size 0")
@@ -215,7 +215,7 @@ func (p *Pool) format(nr uint64) error {
 	return p.commit()
 }
 
-func (p *Pool) formatErr(err error) error {
+func (p *DiskStore) formatErr(err error) error {
 	if errors.Is(err, ErrNoSpace) {
 		return fmt.Errorf("%w: metadata device too small: %v", ErrCorrupt, err)
 	}
@@ -225,7 +225,7 @@ func (p *Pool) formatErr(err error) error {
 // load opens the committed superblock and checks what can be checked
 // without walking every mapping: the space maps, the top-level mapping
 // tree and the details tree.
-func (p *Pool) load() error {
+func (p *DiskStore) load() error {
 	p.bm = block.NewManager(p.dev, p.opts.CacheBlocks)
 	if err := p.loadFrom(); err != nil {
 		return fmt.Errorf("open pool metadata: %w", err)
@@ -236,7 +236,7 @@ func (p *Pool) load() error {
 	return nil
 }
 
-func (p *Pool) loadFrom() error {
+func (p *DiskStore) loadFrom() error {
 	sbb, err := p.bm.ReadLock(superblockLocation, block.Superblock)
 	if err != nil {
 		return err
@@ -288,7 +288,7 @@ func (p *Pool) loadFrom() error {
 
 // checkTrees walks the top level of the mapping tree and the details
 // tree: every node and every device root must be in range and counted.
-func (p *Pool) checkTrees(root, details uint64) error {
+func (p *DiskStore) checkTrees(root, details uint64) error {
 	counted := func(loc uint64) error {
 		c, err := p.msm.Count(loc)
 		if err != nil {
@@ -335,7 +335,7 @@ func (p *Pool) checkTrees(root, details uint64) error {
 // commit makes the transaction durable (__commit_transaction): the
 // changed device details, the data space map, the metadata space map,
 // every dirty block and a flush, then the superblock and a flush.
-func (p *Pool) commit() error {
+func (p *DiskStore) commit() error {
 	if err := p.writable(); err != nil {
 		return err
 	}
@@ -391,7 +391,7 @@ func (p *Pool) commit() error {
 	return nil
 }
 
-func (p *Pool) writeSuperblock(sb *superblock) error {
+func (p *DiskStore) writeSuperblock(sb *superblock) error {
 	b, err := p.bm.WriteLockZero(superblockLocation, block.Superblock)
 	if err != nil {
 		return err
@@ -401,7 +401,7 @@ func (p *Pool) writeSuperblock(sb *superblock) error {
 	return p.bm.Flush()
 }
 
-func (p *Pool) writable() error {
+func (p *DiskStore) writable() error {
 	if p.opts.ReadOnly || p.readOnly {
 		return ErrReadOnly
 	}
@@ -409,7 +409,7 @@ func (p *Pool) writable() error {
 }
 
 // Commit makes the transaction durable.
-func (p *Pool) Commit() error {
+func (p *DiskStore) Commit() error {
 	p.mu.Lock()
 	defer p.unlock()
 	if err := p.commit(); err != nil {
@@ -420,7 +420,7 @@ func (p *Pool) Commit() error {
 
 // Abort drops the transaction and reopens the last committed one. Open
 // thin devices stay open, with their committed details.
-func (p *Pool) Abort() error {
+func (p *DiskStore) Abort() error {
 	p.mu.Lock()
 	defer p.unlock()
 	p.bm.Invalidate()
@@ -443,14 +443,14 @@ func (p *Pool) Abort() error {
 }
 
 // Changed says whether anything changed since the last Commit.
-func (p *Pool) Changed() bool {
+func (p *DiskStore) Changed() bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.changed
 }
 
 // NeedsCheck reads the needs_check flag.
-func (p *Pool) NeedsCheck() bool {
+func (p *DiskStore) NeedsCheck() bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.flags&needsCheckFlag != 0
@@ -458,7 +458,7 @@ func (p *Pool) NeedsCheck() bool {
 
 // SetNeedsCheck sets the needs_check flag and writes it at once into the
 // last committed superblock.
-func (p *Pool) SetNeedsCheck() error {
+func (p *DiskStore) SetNeedsCheck() error {
 	p.mu.Lock()
 	defer p.unlock()
 	if p.opts.ReadOnly {
@@ -475,14 +475,14 @@ func (p *Pool) SetNeedsCheck() error {
 }
 
 // SetReadOnly stops all writes.
-func (p *Pool) SetReadOnly() {
+func (p *DiskStore) SetReadOnly() {
 	p.mu.Lock()
 	defer p.unlock()
 	p.readOnly = true
 }
 
 // SetReadWrite allows writes again (ErrReadOnly when opened read-only).
-func (p *Pool) SetReadWrite() error {
+func (p *DiskStore) SetReadWrite() error {
 	p.mu.Lock()
 	defer p.unlock()
 	if p.opts.ReadOnly {
@@ -493,7 +493,7 @@ func (p *Pool) SetReadWrite() error {
 }
 
 // Close releases the store; it commits nothing.
-func (p *Pool) Close() error {
+func (p *DiskStore) Close() error {
 	p.mu.Lock()
 	defer p.unlock()
 	p.bm.Invalidate()
@@ -501,4 +501,4 @@ func (p *Pool) Close() error {
 }
 
 // CacheStats returns the block cache's counters.
-func (p *Pool) CacheStats() block.Stats { return p.bm.Stats() }
+func (p *DiskStore) CacheStats() block.Stats { return p.bm.Stats() }

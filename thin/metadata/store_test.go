@@ -24,14 +24,14 @@ func (m model) clone() model {
 }
 
 // checkModel compares every device and mapping with the model.
-func checkModel(t testing.TB, p *Pool, m model) {
+func checkModel(t testing.TB, p *DiskStore, m model) {
 	t.Helper()
 	if err := diffModel(p, m); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func diffModel(p *Pool, m model) error {
+func diffModel(p *DiskStore, m model) error {
 	for id, mp := range m {
 		th, err := p.OpenThin(id)
 		if err != nil {
@@ -58,7 +58,7 @@ func diffModel(p *Pool, m model) error {
 }
 
 // randomOps runs n random operations on the pool and the model.
-func randomOps(t testing.TB, rng *rand.Rand, p *Pool, m model, n int, nextID *uint32) {
+func randomOps(t testing.TB, rng *rand.Rand, p *DiskStore, m model, n int, nextID *uint32) {
 	t.Helper()
 	ids := func() []uint32 {
 		var s []uint32

@@ -9,7 +9,7 @@ import (
 
 // thinDev is an open thin device.
 type thinDev struct {
-	p      *Pool
+	p      *DiskStore
 	st     *devState
 	closed bool
 }

@@ -62,7 +62,7 @@ func (f *ringFS) MapDirect(nodeID uint64, write bool, off int64, n int, io *urin
 	if write {
 		k = ioop.Write
 	}
-	d := dn.dev.Direct(k, off, n)
+	d := dn.dev.FileRead(k, off, n)
 	if d == nil {
 		return false
 	}
@@ -73,7 +73,7 @@ func (f *ringFS) MapDirect(nodeID uint64, write bool, off int64, n int, io *urin
 
 // EndDirect implements uring.Direct.
 func (f *ringFS) EndDirect(io *uring.DirectIO, p []byte, res int32) int32 {
-	n, err := io.Tag.(*stack.DirectIO).End(ioCtx, p, int(res))
+	n, err := io.Tag.(*stack.FileRead).End(ioCtx, p, int(res))
 	if err != nil {
 		return -int32(errno(err))
 	}

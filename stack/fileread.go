@@ -9,22 +9,20 @@ import (
 	"github.com/dmfuse/dmfuse/stats"
 )
 
-// DirectIO is a read of a device that maps, whole, onto one range of one
+// FileRead is a read of a device that maps, whole, onto one range of one
 // backing file through a linear target, so that a transport can issue it
 // on the file itself, asynchronously (an io_uring READ submitted with the
 // replies), instead of calling ReadAt with a system call per request.
-// Device.Direct starts it: it is inside the device's suspend gate and
+// Device.FileRead starts it: it is inside the device's suspend gate and
 // counted in the device's statistics from then on; End ends both. FD and
 // Off say where the bytes are.
 //
 // Only reads, and only of files that io_uring reads without handing the
 // read to a worker thread (block devices, files on ext4, xfs and btrfs),
-// go this way: measured on ext4 (a cached file, 4k randread io_uring
-// 2x32), 290k reads a second against 197k with pread, with a third less
-// daemon CPU; but tmpfs files, and buffered writes on ext4, go through a
-// worker thread each, which made them slower than pread and pwrite (76k
-// against 180k reads a second on tmpfs, 33k against 45k writes on ext4).
-type DirectIO struct {
+// go this way: io_uring hands every read of a tmpfs file, and every
+// buffered write on ext4, to a worker thread, which costs more than the
+// pread or pwrite it replaces (docs/benchmarks.md, Direct reads).
+type FileRead struct {
 	// FD is the backing file's descriptor and Off the offset in it of the
 	// I/O's first byte; both stay valid until End.
 	FD  int
@@ -39,16 +37,16 @@ type DirectIO struct {
 	rr    stats.RegionRef
 }
 
-var directs = sync.Pool{New: func() any { return new(DirectIO) }}
+var fileReads = sync.Pool{New: func() any { return new(FileRead) }}
 
-// Direct starts a read (k ioop.Read) of n bytes at off as a DirectIO, if
+// FileRead starts a read (k ioop.Read) of n bytes at off as a FileRead, if
 // the live table maps all of them onto one backing file that io_uring
 // reads without a worker thread, through a linear target; otherwise (a
 // write, another target, a request crossing the end or a target's I/O
 // size limit, dm-stats done by the target), or while the device is
 // suspended, it returns nil and the caller uses ReadAt or WriteAt, which
 // also wait where the device says so.
-func (d *Device) Direct(k ioop.Op, off int64, n int) *DirectIO {
+func (d *Device) FileRead(k ioop.Op, off int64, n int) *FileRead {
 	if k != ioop.Read || n <= 0 || off < 0 {
 		return nil
 	}
@@ -74,8 +72,8 @@ func (d *Device) Direct(k ioop.Op, off int64, n int) *DirectIO {
 		d.gate.exit(g)
 		return nil
 	}
-	io := directs.Get().(*DirectIO)
-	*io = DirectIO{FD: f.fd, Off: l.Off + rel, d: d, dev: f, shard: g, k: k, n: int64(n)}
+	io := fileReads.Get().(*FileRead)
+	*io = FileRead{FD: f.fd, Off: l.Off + rel, d: d, dev: f, shard: g, k: k, n: int64(n)}
 	io.start = d.disk.Now()
 	io.rr = d.disk.StartAt(k, io.start, off, io.n)
 	return io
@@ -86,7 +84,7 @@ func (d *Device) Direct(k ioop.Op, off int64, n int) *DirectIO {
 // finished here with the file's ReadAt (past the end of a file that shrank
 // it reads zeros, as ReadAt does). It returns what ReadAt would have, and
 // io may not be used again.
-func (io *DirectIO) End(ctx context.Context, p []byte, res int) (int, error) {
+func (io *FileRead) End(ctx context.Context, p []byte, res int) (int, error) {
 	n, err := res, error(nil)
 	switch {
 	case res < 0:
@@ -103,13 +101,13 @@ func (io *DirectIO) End(ctx context.Context, p []byte, res int) (int, error) {
 	d := io.d
 	d.disk.DoneAt(io.k, uint64((io.n+SectorSize-1)/SectorSize), io.start, io.rr)
 	d.gate.exit(io.shard)
-	*io = DirectIO{}
-	directs.Put(io)
+	*io = FileRead{}
+	fileReads.Put(io)
 	return n, err
 }
 
 // rest reads the bytes of io from done on with the file's ReadAt.
-func (io *DirectIO) rest(ctx context.Context, p []byte, done int) (int, error) {
+func (io *FileRead) rest(ctx context.Context, p []byte, done int) (int, error) {
 	k, err := io.dev.ReadAt(ctx, p[done:io.n], io.Off+int64(done))
 	return done + k, err
 }
