@@ -71,6 +71,12 @@
 //     that no FUSE daemon can leave out (system calls, switches between
 //     processes, the backing read; see floor.go), the QD1 ceiling they
 //     allow, and QD1 on the loop device and each daemon's zero device.
+//   - peers (not part of uring): each -jobs job of 4k at QD1 and 2x32 on
+//     each daemon's linear device against qemu-storage-daemon's FUSE export,
+//     nbdkit's file plugin through nbdfuse and the loop device, all over the
+//     same file, and 4k QD1 reads and writes on each daemon's 1 ms delay
+//     device against nbdkit's delay filter; it installs the peers from
+//     Debian's packages when they are missing (see peers.go).
 //   - thin (not part of uring; on the first config only): a provisioned
 //     thin volume against a linear device over the same data file, first
 //     writes with and without block zeroing and writes that break sharing
@@ -137,7 +143,7 @@ type sample struct {
 func main() {
 	floorPeer()
 	var (
-		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,poll,multipath,delay,idle,floor,thin")
+		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,poll,multipath,delay,idle,floor,thin,peers")
 		devices = flag.String("devices", strings.Join(allDevices, ","), "devices to measure against the baseline")
 		jobs    = flag.String("jobs", jobNames(), "fio jobs to run (devices and transports suites)")
 		pairs   = flag.Int("pairs", 5, "interleaved (baseline, device) pairs per job and device")

@@ -90,8 +90,9 @@ type ubench struct {
 
 	undo    benchkit.Undo
 	scratch string
-	lin     string // the tmpfs file every device is over
-	loop    string // the loop device over it
+	lin     string  // the tmpfs file every device is over
+	loop    string  // the loop device over it
+	peers   []*peer // the peers suite's other servers
 	w       strings.Builder
 }
 
@@ -106,8 +107,8 @@ func parseSuites(s string) ([]string, error) {
 		add := []string{n}
 		if n == "uring" {
 			add = uringSuites
-		} else if !slices.Contains(uringSuites, n) && n != "thin" {
-			return nil, fmt.Errorf("unknown suite %q (have devices, uring or a list of %s,thin)", n, strings.Join(uringSuites, ","))
+		} else if !slices.Contains(uringSuites, n) && n != "thin" && n != "peers" {
+			return nil, fmt.Errorf("unknown suite %q (have devices, uring or a list of %s,thin,peers)", n, strings.Join(uringSuites, ","))
 		}
 		for _, a := range add {
 			if !slices.Contains(out, a) {
@@ -119,7 +120,7 @@ func parseSuites(s string) ([]string, error) {
 }
 
 func (b *ubench) run(ctx context.Context) (string, error) {
-	if err := check(b.has("transports") || b.has("floor")); err != nil {
+	if err := check(b.has("transports") || b.has("floor") || b.has("peers")); err != nil {
 		return "", err
 	}
 	if err := b.setup(ctx); err != nil {
@@ -147,6 +148,9 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 	if b.loop != "" {
 		fmt.Fprintf(&b.w, "* loop: the kernel's loop device with direct I/O (`losetup --direct-io=on`) over the same tmpfs file\n")
 	}
+	if b.has("peers") {
+		fmt.Fprintf(&b.w, "* peers: %s; %s; %s\n", peerVersion("qemu-storage-daemon", "--version"), peerVersion("nbdkit", "--version"), peerVersion("nbdfuse", "--version"))
+	}
 	fmt.Fprintln(&b.w)
 	start := time.Now()
 	for _, s := range b.suites {
@@ -166,6 +170,8 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 			err = b.floor(ctx)
 		case "thin":
 			err = b.thin(ctx)
+		case "peers":
+			err = b.peersSuite(ctx)
 		}
 		if err != nil {
 			return "", err
@@ -245,10 +251,13 @@ func (b *ubench) setup(ctx context.Context) error {
 	}
 	restore()
 
-	if b.has("transports") || b.has("floor") {
+	if b.has("transports") || b.has("floor") || b.has("peers") {
 		if b.loop, err = benchkit.AttachLoop(ctx, &b.undo, b.lin); err != nil {
 			return err
 		}
+	}
+	if b.has("peers") {
+		return b.startPeers(ctx)
 	}
 	return nil
 }
@@ -274,6 +283,8 @@ func (b *ubench) table() string {
 		for _, d := range []string{"0", "1", "10"} {
 			lines = append(lines, fmt.Sprintf("d%s,,,rw,0 %d delay %s 0 %s", d, sec, b.lin, d))
 		}
+	} else if b.has("peers") {
+		lines = append(lines, fmt.Sprintf("d1,,,rw,0 %d delay %s 0 1", sec, b.lin))
 	}
 	return strings.Join(lines, ";\n") + "\n"
 }
@@ -300,13 +311,18 @@ func (j job) value(r urun) float64 {
 // as the loop device) for rt after a ramp, with the daemon's and the
 // machine's CPU measured over the middle of the run.
 func (b *ubench) fio(ctx context.Context, j job, c *config, dev string, rt time.Duration, extra ...string) (urun, error) {
-	ramp := b.ramp(rt)
-	args := append(benchkit.FioArgs(j.name, dev, rt, ramp, b.size), "--lat_percentiles=1")
-	args = append(append(args, j.args...), extra...)
 	pid := 0
 	if c != nil {
 		pid = c.pid
 	}
+	return b.fioPid(ctx, j, pid, dev, rt, extra...)
+}
+
+// fioPid is fio with the serving process's CPU measured from pid (0: none).
+func (b *ubench) fioPid(ctx context.Context, j job, pid int, dev string, rt time.Duration, extra ...string) (urun, error) {
+	ramp := b.ramp(rt)
+	args := append(benchkit.FioArgs(j.name, dev, rt, ramp, b.size), "--lat_percentiles=1")
+	args = append(append(args, j.args...), extra...)
 	// The window leaves out fio's start, the ramp and the end.
 	from, to := ramp+rt/10, ramp+rt*9/10
 	cpu := benchkit.CPUWindow(ctx, pid, from, to)
