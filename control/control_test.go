@@ -159,7 +159,7 @@ func TestControlLifecycle(t *testing.T) {
 	if !reflect.DeepEqual(removed, []string{"e1"}) || d.EventNr() != 3 {
 		t.Errorf("remove: fs told %v, event %d", removed, d.EventNr())
 	}
-	if got := e.ok(Request{Op: OpList}); got != "d2\t(253:1)\n" {
+	if got := e.ok(Request{Op: OpList}); got != "d2\t(240:1)\n" {
 		t.Errorf("ls: %q", got)
 	}
 }

@@ -117,14 +117,16 @@ func (s *Server) report(d *stack.Device, inactive bool) DeviceReport {
 	return r
 }
 
-// blkDevName is the kernel name of d's block device, or d's name.
+// blkDevName is the kernel name of d's block device: the loop device it is
+// exported as (what /dev/mapper/NAME leads to and /sys/block knows), else
+// dm-MINOR, as the kernel names device-mapper's disks.
 func (s *Server) blkDevName(d *stack.Device, major, minor uint32) string {
-	if major != stack.Major {
-		if n := kernelName(major, minor); n != "" {
+	if maj, min, ok := s.mgr.Exported(d); ok {
+		if n := kernelName(maj, min); n != "" {
 			return n
 		}
 	}
-	return d.Name()
+	return fmt.Sprintf("dm-%d", minor)
 }
 
 // runReport answers report: the named device, or every device.

@@ -58,7 +58,7 @@ func TestControlReportDepsConcise(t *testing.T) {
 		t.Errorf("concise c1: %q, want %q", got, want)
 	}
 	want := "c1,,0,ro,0 8 zero ,8 8 error ;c2,U\\,\\;\\\\,1,rw,0 1 zero ;low,,2,rw,0 64 linear " + a + " 0;nt,,4,rw;" +
-		"top,,3,rw,0 8 linear " + a + " 0,8 8 linear low 0,16 8 linear " + a + " 8\n"
+		"top,,3,rw,0 8 linear " + a + " 0,8 8 linear 240:2 0,16 8 linear " + a + " 8\n"
 	if got := e.ok(Request{Op: OpTable, Concise: true}); got != want {
 		t.Errorf("concise, all:\n got %q\nwant %q", got, want)
 	}
@@ -71,9 +71,9 @@ func TestControlReportDepsConcise(t *testing.T) {
 
 	for format, want := range map[string]string{
 		// The kernel's order: the device named first comes last.
-		"":           "2 dependencies\t: (253, 2) (" + a + ")\n",
+		"":           "2 dependencies\t: (240, 2) (" + a + ")\n",
 		"devname":    "2 dependencies\t: (low) (" + a + ")\n",
-		"blkdevname": "2 dependencies\t: (low) (" + a + ")\n",
+		"blkdevname": "2 dependencies\t: (dm-2) (" + a + ")\n",
 	} {
 		if got := e.ok(Request{Op: OpDeps, Name: "top", Format: format}); got != want {
 			t.Errorf("deps -o %q: %q, want %q", format, got, want)
@@ -96,9 +96,9 @@ func TestControlReportDepsConcise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantRep := []DeviceReport{{Name: "top", Major: 253, Minor: 3, BlkDevName: "top", Live: true, Targets: 3,
+	wantRep := []DeviceReport{{Name: "top", Major: 240, Minor: 3, BlkDevName: "dm-3", Live: true, Targets: 3,
 		Types: []string{"linear", "linear", "linear"},
-		Deps:  []DepReport{{Mapped: "low", Major: 253, Minor: 2, BlkDevName: "low"}, {Path: a, BlkDevName: a}}}}
+		Deps:  []DepReport{{Mapped: "low", Major: 240, Minor: 2, BlkDevName: "dm-2"}, {Path: a, BlkDevName: a}}}}
 	if !reflect.DeepEqual(devs, wantRep) {
 		t.Errorf("report:\n got %+v\nwant %+v", devs, wantRep)
 	}
@@ -110,7 +110,7 @@ func TestControlReportDepsConcise(t *testing.T) {
 	// remove_all removes what nothing uses, upper devices first.
 	e.mgr.Lookup("c2").AddOpen(1)
 	e.ok(Request{Op: OpRemoveAll})
-	if got := e.ok(Request{Op: OpList}); got != "c2\t(253:1)\n" {
+	if got := e.ok(Request{Op: OpList}); got != "c2\t(240:1)\n" {
 		t.Errorf("after remove_all: %q", got)
 	}
 	e.mgr.Lookup("c2").AddOpen(-1)

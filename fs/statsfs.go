@@ -65,7 +65,7 @@ func (s *statsDir) diskstats(b []byte) []byte {
 			continue
 		}
 		snap := d.Disk().Snapshot()
-		b = stats.AppendDiskstats(b, stack.Major, d.Minor(), d.Name(), &snap)
+		b = stats.AppendDiskstats(b, d.Major(), d.Minor(), d.Name(), &snap)
 	}
 	return b
 }

@@ -819,11 +819,11 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 		_, err := mgr.Message(context.Background(), "mp", 0, words)
 		return err
 	}
-	if err := send("fail_path", fmt.Sprintf("253:%d", p1.Minor())); err != nil {
+	if err := send("fail_path", p1.DevNo()); err != nil {
 		t.Fatal(err)
 	}
 	a, b := filepath.Join(dir, "a.img"), filepath.Join(dir, "b.img")
-	wantStr(t, "253:N", status(), fmt.Sprintf("0 2048 multipath 2 1 0 0 1 1 E 0 3 0 p1 F 1 %s A 0 %s A 0 \n", b, a))
+	wantStr(t, "MAJOR:MINOR", status(), fmt.Sprintf("0 2048 multipath 2 1 0 0 1 1 E 0 3 0 %s F 1 %s A 0 %s A 0 \n", p1.DevNo(), b, a))
 	if err := send("reinstate_path", "p1"); err != nil {
 		t.Fatal(err)
 	}
@@ -838,12 +838,12 @@ func TestMultipathMessageDeviceForms(t *testing.T) {
 	if err := send("fail_path", dir+"/./a.img"); err != nil {
 		t.Fatal(err)
 	}
-	wantStr(t, "paths", status(), fmt.Sprintf("0 2048 multipath 2 1 0 0 1 1 E 0 3 0 p1 A 1 %s F 1 %s F 1 \n", b, a))
+	wantStr(t, "paths", status(), fmt.Sprintf("0 2048 multipath 2 1 0 0 1 1 E 0 3 0 %s A 1 %s F 1 %s F 1 \n", p1.DevNo(), b, a))
 	if err := send("fail_path", filepath.Join(dir, "nosuch")); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("missing file: %v", err)
 	}
-	if err := send("fail_path", "253:99"); !errors.Is(err, syscall.EINVAL) {
-		t.Errorf("253:99: %v", err)
+	if err := send("fail_path", "240:99"); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("240:99: %v", err)
 	}
 	// Suspended: EBUSY through the manager too.
 	if err := mgr.Suspend("mp", stack.Flags{}); err != nil {

@@ -963,7 +963,7 @@ func TestPowercutUnderMultipath(t *testing.T) {
 	if _, err := mp.ReadAt(ctx, got, 0); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("read through mp after the cut: %v, want EIO", err)
 	}
-	if st := mp.FormatTable(stack.StatusInfo, false); !strings.Contains(st, "pc F 1") {
+	if st := mp.FormatTable(stack.StatusInfo, false); !strings.Contains(st, m.Lookup("pc").DevNo()+" F 1") {
 		t.Errorf("the path did not fail: %q", st)
 	}
 	if st := m.Lookup("pc").FormatTable(stack.StatusInfo, false); st != "0 2048 powercut down cached 0 0 flushes 1 fua 1 destaged 1 around 0 cuts 1 last_cut all seed -\n" {
@@ -978,7 +978,7 @@ func TestPowercutUnderMultipath(t *testing.T) {
 	if _, err := mp.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, fill('w', 8192)) {
 		t.Fatalf("after power_on mp reads %v, want the flushed data", err)
 	}
-	if tb := m.Lookup("pc").FormatTable(stack.StatusTable, false); tb != "0 2048 powercut slow 0\n" {
+	if tb := m.Lookup("pc").FormatTable(stack.StatusTable, false); tb != "0 2048 powercut "+m.Lookup("slow").DevNo()+" 0\n" {
 		t.Errorf("pc table: %q", tb)
 	}
 }

@@ -44,6 +44,7 @@ func (m *Manager) Create(o CreateOptions) (*Device, error) {
 		}
 	}
 	d.ctl.Unlock()
+	m.raiseGlobal()
 	if !o.NoTable {
 		m.changed(d)
 	}
@@ -78,16 +79,17 @@ func (m *Manager) add(o CreateOptions) (*Device, error) {
 		}
 	}
 	m.nextIno++
-	d := newDevice(o.Name, o.UUID, minor, m.nextIno, o.ReadOnly, m.clock)
+	d := newDevice(o.Name, o.UUID, m.major, minor, m.nextIno, o.ReadOnly, m.clock)
 	d.onChange = m.changed
+	d.onEvent = m.raiseGlobal
 	d.ctl.Lock()
 	m.byName[o.Name] = d
 	m.byMinor[minor] = d
 	return d, nil
 }
 
-func newDevice(name, uuid string, minor uint32, ino uint64, readOnly bool, clock Clock) *Device {
-	d := &Device{minor: minor, ino: ino, disk: stats.NewDisk(clock)}
+func newDevice(name, uuid string, major, minor uint32, ino uint64, readOnly bool, clock Clock) *Device {
+	d := &Device{major: major, minor: minor, ino: ino, disk: stats.NewDisk(clock)}
 	d.gate.init()
 	d.mu.name, d.mu.uuid, d.mu.readOnly = name, uuid, readOnly
 	return d

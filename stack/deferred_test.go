@@ -24,7 +24,7 @@ type fakeExporter struct {
 	thawErr error
 }
 
-func (e *fakeExporter) DevNo(d *Device) (uint32, uint32, bool) { return 7, d.Minor() + 100, true }
+func (e *fakeExporter) Block(d *Device) (uint32, uint32, bool) { return 7, d.Minor() + 100, true }
 
 func (e *fakeExporter) Users(d *Device) (int32, int32) {
 	e.mu.Lock()
@@ -257,8 +257,8 @@ func TestDepsAndExportedNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	low := mustCreate(t, m, "low", "0 8 zero")
-	if maj, min := m.DevNo(low); maj != 7 || min != 100 {
-		t.Errorf("DevNo %d:%d", maj, min)
+	if maj, min := m.DevNo(low); maj != DefaultMajor || min != 0 || low.DevNo() != "240:0" {
+		t.Errorf("DevNo %d:%d (%s), want the manager's major and the device's minor", maj, min, low.DevNo())
 	}
 	// 7:100 is low's exported number: it resolves in-process.
 	top := mustCreate(t, m, "top", "0 8 linear "+f+" 0\n8 8 linear 7:100 0\n16 8 linear "+f+" 8")

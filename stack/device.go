@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 // Its I/O methods make it a BlockDevice, which is how devices stack
 // in-process.
 type Device struct {
+	major uint32
 	minor uint32
 	ino   uint64
 	disk  *stats.Disk
@@ -62,6 +64,9 @@ type Device struct {
 	// onChange is called after the live table or the name changed (fs
 	// invalidates its caches); set by the manager.
 	onChange func(*Device)
+	// onEvent is called after the event counter moved (the manager's
+	// global event); set by the manager.
+	onEvent func()
 }
 
 var (
@@ -83,8 +88,16 @@ func (d *Device) UUID() string {
 	return d.mu.uuid
 }
 
-// Minor returns the device's minor number (major is always 253).
+// Major returns the device's major number, its manager's (Manager.Major).
+func (d *Device) Major() uint32 { return d.major }
+
+// Minor returns the device's minor number, decided at its creation.
 func (d *Device) Minor() uint32 { return d.minor }
+
+// DevNo returns the device's number as the kernel prints one: "MAJOR:MINOR".
+func (d *Device) DevNo() string {
+	return strconv.FormatUint(uint64(d.major), 10) + ":" + strconv.FormatUint(uint64(d.minor), 10)
+}
 
 // Ino is a number unique to this device for the daemon's lifetime.
 func (d *Device) Ino() uint64 { return d.ino }
@@ -160,6 +173,9 @@ func (d *Device) EventNr() uint32 { return d.events.Load() }
 func (d *Device) RaiseEvent() {
 	d.events.Add(1)
 	d.ev.wake()
+	if d.onEvent != nil {
+		d.onEvent()
+	}
 }
 
 // MappedDevice returns the mapped device bd is, when bd is one: a *Device,

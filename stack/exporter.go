@@ -1,16 +1,17 @@
 package stack
 
 // Exporter makes devices usable outside the daemon as block devices (the
-// system daemon's loop devices). A Manager with one asks it for the numbers
-// devices report, for the users of a device that its file does not show, for
+// system daemon's loop devices). A Manager with one asks it for the block
+// device a device is exported as, for
+// the users of a device that its file does not show, for
 // the device behind a block device a table names, and to freeze a file
 // system mounted on a device that suspends, as drivers/md/dm.c: lock_fs
 // does. Its methods may be called with a device's control lock held and
 // must not call the Manager's control operations.
 type Exporter interface {
-	// DevNo returns the number of the block device d is exported as; ok is
+	// Block returns the number of the block device d is exported as; ok is
 	// false when d is not exported.
-	DevNo(d *Device) (major, minor uint32, ok bool)
+	Block(d *Device) (major, minor uint32, ok bool)
 	// Users counts the users of d's block device (mounts, open file
 	// descriptors, holders), which d's file does not see, and own, the
 	// handles of d's file that the exporter holds itself.

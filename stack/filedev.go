@@ -80,6 +80,9 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 			d.rdev = sys.Rdev
 			d.limits = blockLimits(unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)))
+			// Tables print a block device by its number, as the kernel's
+			// do, whatever path named it.
+			d.name = fmt.Sprintf("%d:%d", unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)))
 		}
 		// Held exclusively while a table uses it, as dm holds it (claim.go).
 		if err := claimBlock(d.fd, d.rdev); err != nil {

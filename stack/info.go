@@ -61,15 +61,19 @@ func (d *Device) FormatTable(st StatusType, inactive bool) string {
 	return out
 }
 
-// DevNo returns the device number d reports: its exported block device's,
-// else Major and its minor.
+// DevNo returns the device number d reports: the manager's major and d's
+// minor, fixed from its creation on.
 func (m *Manager) DevNo(d *Device) (major, minor uint32) {
+	return d.major, d.minor
+}
+
+// Exported returns the number of the block device d is exported as (the
+// system daemon's loop device); ok is false when it is not.
+func (m *Manager) Exported(d *Device) (major, minor uint32, ok bool) {
 	if e := m.getExporter(); e != nil {
-		if maj, min, ok := e.DevNo(d); ok {
-			return maj, min
-		}
+		return e.Block(d)
 	}
-	return Major, d.minor
+	return 0, 0, false
 }
 
 // OpenCount is d's open count as dm reports it: the users of its file and

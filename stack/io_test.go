@@ -34,7 +34,7 @@ func liveDevice(t testing.TB, text string, devs map[string]BlockDevice, clk Cloc
 	if clk == nil {
 		clk = clock.System
 	}
-	d := newDevice("test", "", 0, 1, false, clk)
+	d := newDevice("test", "", DefaultMajor, 0, 1, false, clk)
 	d.gate.blocked.Store(true)
 	d.mu.suspended = true
 	lines, err := ParseTable(text)
@@ -358,8 +358,8 @@ func TestManagerFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := b.Live().Format(StatusTable); got != "0 1024 linear a 1024\n" {
-		t.Errorf("stacked table prints %q", got)
+	if got := b.Live().Format(StatusTable); got != "0 1024 linear 240:0 1024\n" {
+		t.Errorf("stacked table prints %q, want device a by its number, as the kernel prints it", got)
 	}
 	if got := m.Lookup("a").Live().Format(StatusTable); got != "0 2048 linear "+img+" 0\n" {
 		t.Errorf("file table prints %q", got)

@@ -25,13 +25,36 @@ func (m *Manager) load(d *Device, text, dir string) error {
 	if err != nil {
 		return err
 	}
+	return m.loadLines(d, lines, d.ReadOnly(), dir)
+}
+
+// loadLines is load of lines already parsed, building a read-only table
+// with ro.
+func (m *Manager) loadLines(d *Device, lines []Line, ro bool, dir string) error {
 	m.graph.Lock()
 	defer m.graph.Unlock()
-	t, err := m.build(d, lines, d.ReadOnly(), dir)
+	t, err := m.build(d, lines, ro, dir)
 	if err != nil {
 		return err
 	}
 	d.loadLocked(t)
+	return nil
+}
+
+// LoadLines is Load of device d, found by the caller, with its lines
+// already parsed, as DM_TABLE_LOAD hands them over (target specs, each
+// with its type and parameter string): ro makes the table read-only (the
+// device becomes read-only when it goes live, as dm's DM_READONLY_FLAG
+// does at load). Relative paths resolve against the daemon's working
+// directory.
+func (m *Manager) LoadLines(d *Device, lines []Line, ro bool) error {
+	if err := m.acquireDev(d); err != nil {
+		return err
+	}
+	defer d.ctl.Unlock()
+	if err := m.loadLines(d, lines, ro, ""); err != nil {
+		return &DeviceError{Name: d.Name(), Err: err}
+	}
 	return nil
 }
 

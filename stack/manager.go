@@ -7,13 +7,19 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/dmfuse/dmfuse/internal/clock"
 )
 
-// Major is the major number dmfuse devices report, as device-mapper's.
-const Major = 253
+// DefaultMajor is the block major dmfuse's devices report unless
+// ManagerOptions.Major gives another: the first of the majors Linux keeps for
+// local and experimental use (240-254, Documentation/admin-guide/devices.txt),
+// which the kernel hands out to drivers that ask for a dynamic major last
+// (it counts down from 254). device-mapper itself takes a dynamic major (253
+// on most machines, zram's on some), so no fixed number is the kernel's.
+const DefaultMajor = 240
 
 // DeviceError is a failed control operation on one device; it prints as
 // "NAME: line N: TARGET: reason", the parts that apply.
@@ -39,6 +45,8 @@ type Manager struct {
 	reg   *Registry
 	clock Clock
 	ctx   context.Context
+	// major is the block major every device reports (ManagerOptions.Major).
+	major uint32
 	// core, open and memory are ManagerOptions.CoreMessage, Open and Memory.
 	core   func(d *Device, args []string) (string, error)
 	open   func(arg string) (BlockDevice, error)
@@ -51,6 +59,12 @@ type Manager struct {
 	// concurrent loads cannot make devices stack on each other in a loop. It
 	// is taken after a device's control lock and before mu.
 	graph sync.Mutex
+
+	// global is device-mapper's global event number (dm_global_event_nr):
+	// it moves on every device event and on every create, remove and
+	// rename, and wakes the waiters of WaitGlobal.
+	global  atomic.Uint32
+	globalW eventWaiters
 
 	mu      sync.Mutex
 	byName  map[string]*Device
@@ -95,6 +109,11 @@ type ManagerOptions struct {
 	// Memory, when set, is the daemon's account of the memory targets hold
 	// beyond requests in flight (Ctor.Memory).
 	Memory func(n int64)
+
+	// Major is the block major the devices report, with their minor, from
+	// their creation on (0: DefaultMajor); MAJOR:MINOR of that major names
+	// the device of that minor in tables and requests.
+	Major uint32
 }
 
 // NewManager returns a manager built from o.
@@ -108,12 +127,18 @@ func NewManager(o ManagerOptions) *Manager {
 	if o.Context == nil {
 		o.Context = context.Background()
 	}
-	return &Manager{reg: o.Registry, clock: o.Clock, ctx: o.Context, core: o.CoreMessage, open: o.Open, memory: o.Memory,
+	if o.Major == 0 {
+		o.Major = DefaultMajor
+	}
+	return &Manager{reg: o.Registry, clock: o.Clock, ctx: o.Context, major: o.Major, core: o.CoreMessage, open: o.Open, memory: o.Memory,
 		byName: map[string]*Device{}, byMinor: map[uint32]*Device{}, nextIno: 100}
 }
 
 // Registry returns the manager's target types.
 func (m *Manager) Registry() *Registry { return m.reg }
+
+// Major returns the block major the manager's devices report.
+func (m *Manager) Major() uint32 { return m.major }
 
 // ValidName checks that name can name a device: 1 to 127 bytes, none of the
 // names the mount uses itself (stats, diskstats, ., ..), and no '/',
@@ -150,6 +175,55 @@ func (m *Manager) Lookup(name string) *Device {
 	return m.byName[name]
 }
 
+// LookupUUID finds a device by uuid (a non-empty one).
+func (m *Manager) LookupUUID(uuid string) *Device {
+	if uuid == "" {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, d := range m.byName {
+		if d.UUID() == uuid {
+			return d
+		}
+	}
+	return nil
+}
+
+// LookupMinor finds a device by minor.
+func (m *Manager) LookupMinor(minor uint32) *Device {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byMinor[minor]
+}
+
+// GlobalEvent returns device-mapper's global event number: it moves on
+// every device event and on every create, remove and rename, as
+// dm_issue_global_event does, so that a poller of the control node wakes.
+func (m *Manager) GlobalEvent() uint32 { return m.global.Load() }
+
+// WaitGlobal blocks until the global event number differs from n or ctx
+// ends, and returns it.
+func (m *Manager) WaitGlobal(ctx context.Context, n uint32) uint32 {
+	for {
+		ch := m.globalW.channel()
+		if g := m.global.Load(); g != n {
+			return g
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return m.global.Load()
+		}
+	}
+}
+
+// raiseGlobal moves the global event number.
+func (m *Manager) raiseGlobal() {
+	m.global.Add(1)
+	m.globalW.wake()
+}
+
 // Devices returns every device sorted by name (strcmp order).
 func (m *Manager) Devices() []*Device {
 	m.mu.Lock()
@@ -182,6 +256,18 @@ func (m *Manager) acquire(name string) (*Device, error) {
 		return nil, NoSuchDevice(name)
 	}
 	return d, nil
+}
+
+// acquireDev takes the control lock of d, which the caller found, unless it
+// was removed meanwhile (then "no such device", ENXIO); the caller unlocks
+// d.ctl.
+func (m *Manager) acquireDev(d *Device) error {
+	d.ctl.Lock()
+	if d.isRemoved() {
+		d.ctl.Unlock()
+		return NoSuchDevice(d.Name())
+	}
+	return nil
 }
 
 // Flags are what dm passes with a control command as flags: the variants

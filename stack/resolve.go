@@ -13,15 +13,14 @@ import (
 )
 
 // DevArg is a device argument resolved, by the rules of the device
-// arguments of tables (a mapped device's name, 253:N, MAJOR:MINOR or a
-// path), to what identifies the device it names, without opening it: dm's
-// dev_t. A target that takes a device in a message (multipath's fail_path)
-// finds which of the devices its table opened it names with Matches.
+// arguments of tables (a mapped device's name, MAJOR:MINOR or a path), to
+// what identifies the device it names, without opening it: dm's dev_t. A
+// target that takes a device in a message (multipath's fail_path) finds
+// which of the devices its table opened it names with Matches.
 type DevArg struct {
 	arg    string
 	mapped string // a mapped device name
-	minor  int64  // 253:N; -1 if not given so
-	rdev   uint64 // a block device's number; 0 if none
+	rdev   uint64 // MAJOR:MINOR as given, or a block device node's number; 0 if none
 	dev    uint64 // st_dev and st_ino of a file or block device node
 	ino    uint64
 	stated bool
@@ -34,18 +33,14 @@ type DevArg struct {
 // be made absolute or does not exist (the error of stat), with the reason
 // alone: the caller names the argument in its own words.
 func ResolveDevArg(arg string) (DevArg, error) {
-	k := DevArg{arg: arg, minor: -1}
+	k := DevArg{arg: arg}
 	if mm := majMin.FindStringSubmatch(arg); mm != nil {
 		maj, err1 := strconv.ParseUint(mm[1], 10, 32)
 		min, err2 := strconv.ParseUint(mm[2], 10, 32)
 		if err1 != nil || err2 != nil {
 			return k, errors.New("bad MAJOR:MINOR")
 		}
-		if maj == Major {
-			k.minor = int64(min)
-		} else {
-			k.rdev = unix.Mkdev(uint32(maj), uint32(min))
-		}
+		k.rdev = unix.Mkdev(uint32(maj), uint32(min))
 		return k, nil
 	}
 	if !strings.Contains(arg, "/") {
@@ -69,11 +64,12 @@ func ResolveDevArg(arg string) (DevArg, error) {
 }
 
 // Matches reports whether d, a device a table opened, is the device k
-// names: the same mapped device, the same block device, or the same file.
+// names: the same mapped device (by name or number), the same block device,
+// or the same file.
 func (k DevArg) Matches(d BlockDevice) bool {
 	switch d := d.(type) {
 	case *mappedRef:
-		return k.mapped != "" && d.Name() == k.mapped || k.minor >= 0 && int64(d.Minor()) == k.minor
+		return k.mapped != "" && d.Device.Name() == k.mapped || k.rdev != 0 && k.rdev == unix.Mkdev(d.major, d.minor)
 	case *fileDev:
 		var st unix.Stat_t
 		if err := unix.Fstat(d.fd, &st); err != nil {
@@ -102,7 +98,7 @@ func (m *Manager) openArg(self *Device, arg string, ro bool, dir string) (BlockD
 		maj, _ = strconv.ParseUint(mm[1], 10, 32)
 		min, _ = strconv.ParseUint(mm[2], 10, 32)
 	}
-	if mm != nil && maj == Major || mm == nil && !strings.Contains(arg, "/") {
+	if mm != nil && maj == uint64(m.major) || mm == nil && !strings.Contains(arg, "/") {
 		if bd, ok, err := m.openMapped(self, arg, mm != nil, uint32(min)); ok {
 			return bd, err
 		}
@@ -193,6 +189,11 @@ type mappedRef struct {
 	*Device
 	closed bool
 }
+
+// Name is how a table prints the device: by its number, as the kernel's
+// tables name every device (format_dev_t), so that the text names the same
+// device whatever it is called later.
+func (r *mappedRef) Name() string { return r.Device.DevNo() }
 
 func (r *mappedRef) Close() error {
 	if !r.closed {

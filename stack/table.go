@@ -276,6 +276,26 @@ func (t *Table) Format(st StatusType) string {
 	return b.String()
 }
 
+// TargetLine is one line of a table's TABLE or INFO text.
+type TargetLine struct {
+	// Start and Len are the target's segment in sectors.
+	Start, Len int64
+	// Type is the target type's name and Params its status of the
+	// requested type.
+	Type, Params string
+}
+
+// Lines returns the table's lines with each target's status of type st, as
+// Format prints them.
+func (t *Table) Lines(st StatusType) []TargetLine {
+	out := make([]TargetLine, len(t.segs))
+	for i := range t.segs {
+		s := &t.segs[i]
+		out[i] = TargetLine{Start: s.start / SectorSize, Len: (s.end - s.start) / SectorSize, Type: s.typ.Name, Params: targetStatus(s.target, st)}
+	}
+	return out
+}
+
 // targetStatus is tg's status of type st; StatusInfoNoFlush goes to a
 // NoFlushStatuser's StatusNoFlush and is StatusInfo for any other target.
 func targetStatus(tg Target, st StatusType) string {

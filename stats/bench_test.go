@@ -107,6 +107,6 @@ func BenchmarkSnapshot(b *testing.B) {
 	var buf []byte
 	for b.Loop() {
 		s := d.Snapshot()
-		buf = AppendDiskstats(buf[:0], Major, 0, "linear0", &s)
+		buf = AppendDiskstats(buf[:0], 253, 0, "linear0", &s)
 	}
 }

@@ -37,7 +37,7 @@ func doIO(c *clock.Manual, d *Disk, op ioop.Op, sectors uint64, startMs, endMs i
 func checkFiles(t *testing.T, step string, d *Disk) {
 	t.Helper()
 	s := d.Snapshot()
-	golden(t, step+".diskstats.golden", AppendDiskstats(nil, Major, 0, "linear0", &s))
+	golden(t, step+".diskstats.golden", AppendDiskstats(nil, 253, 0, "linear0", &s))
 	golden(t, step+".stat.golden", AppendStat(nil, &s))
 	golden(t, step+".inflight.golden", AppendInflight(nil, &s))
 }
@@ -88,7 +88,7 @@ func TestWorkedExampleNoReader(t *testing.T) {
 		d.Done(ioop.Read, 8, msNs(200))
 	}
 	s := d.Snapshot()
-	golden(t, "B210.diskstats.golden", AppendDiskstats(nil, Major, 0, "linear0", &s))
+	golden(t, "B210.diskstats.golden", AppendDiskstats(nil, 253, 0, "linear0", &s))
 }
 
 // A hung I/O shows busy time through readers alone, and none of it in
@@ -237,7 +237,7 @@ func TestGroupsAndDirections(t *testing.T) {
 	d.Done(ioop.Flush, 0, msNs(10))
 	d.Done(ioop.Write, 16, msNs(10))
 	s = d.Snapshot()
-	got := string(AppendDiskstats(nil, Major, 3, "dev", &s))
+	got := string(AppendDiskstats(nil, 253, 3, "dev", &s))
 	want := " 253       3 dev 1 0 8 2 2 0 16 4 0 2 8 1 0 2048 2 0 0\n"
 	if got != want {
 		t.Errorf("got  %q\nwant %q", got, want)
@@ -331,7 +331,7 @@ func TestConcurrentExact(t *testing.T) {
 			var b []byte
 			for !stop.Load() {
 				s := d.Snapshot()
-				b = AppendDiskstats(b[:0], Major, 0, "x", &s)
+				b = AppendDiskstats(b[:0], 253, 0, "x", &s)
 				b = AppendStat(b, &s)
 				b = AppendInflight(b, &s)
 				// Each piece starts and ends on one shard, so no sum

@@ -6,10 +6,6 @@ import (
 	"strconv"
 )
 
-// Major is the major number dmfuse devices show in diskstats (that of
-// device-mapper on a typical system).
-const Major = 253
-
 // DiskstatsLine is one line of /proc/diskstats: major, minor, name and up to
 // 17 numbers (older kernels print 11 or 15; the missing ones are 0).
 type DiskstatsLine struct {

@@ -100,12 +100,12 @@ func TestIostatOutputOfOwnFiles(t *testing.T) {
 		doIO(c, d, ioop.Read, 8, t0, t0+3)
 	}
 	s0 := d.Snapshot()
-	prev := AppendDiskstats(nil, Major, 0, "lin", &s0)
+	prev := AppendDiskstats(nil, 253, 0, "lin", &s0)
 	for t0 := int64(1000); t0 < 2000; t0 += 10 {
 		doIO(c, d, ioop.Write, 8, t0, t0+5)
 	}
 	s1 := d.Snapshot()
-	cur := AppendDiskstats(nil, Major, 0, "lin", &s1)
+	cur := AppendDiskstats(nil, 253, 0, "lin", &s1)
 	p, err := ParseDiskstats(prev)
 	if err != nil {
 		t.Fatal(err)

@@ -34,8 +34,8 @@ func TestSysstatReadsOurFormat(t *testing.T) {
 	doIO(c, d, ioop.Flush, 0, 302, 303)
 	doIO(c, d, ioop.Discard, 2048, 400, 407)
 	s := d.Snapshot()
-	text := AppendDiskstats(nil, Major, 10, "lin-a", &s)
-	text = AppendDiskstats(text, Major, 7, "delay-0.slow", &s)
+	text := AppendDiskstats(nil, 253, 10, "lin-a", &s)
+	text = AppendDiskstats(text, 253, 7, "delay-0.slow", &s)
 	sample, err := os.ReadFile(filepath.Join("testdata", "iostat_cur.diskstats"))
 	if err != nil {
 		t.Fatal(err)

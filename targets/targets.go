@@ -137,7 +137,8 @@ type Case struct {
 	// Below, when set, builds in m what segment s's line needs below it
 	// before the suite loads the table (for thin: a thin-pool device over
 	// s.Aux and s.Dev, and a thin device created by message), and returns
-	// the device argument the line names (Segment.Below).
+	// the device argument the line names (Segment.Below), as the table
+	// prints it: a mapped device by its number (Device.DevNo).
 	Below func(m *stack.Manager, s Segment) (string, error)
 	// Stored, with Below, returns the n bytes that segment s stores at
 	// segment offsets, read through devices of m: the checks compare it

@@ -18,13 +18,15 @@ var thin = Entry{Type: th.Type, Case: Case{
 	Below: func(m *stack.Manager, s Segment) (string, error) {
 		pool := fmt.Sprintf("pool%d", s.Index)
 		table := fmt.Sprintf("0 %d thin-pool %s %s 128 0", s.Sectors, s.Aux, s.Dev)
-		if _, err := m.Create(stack.CreateOptions{Name: pool, Minor: -1, Table: table}); err != nil {
+		d, err := m.Create(stack.CreateOptions{Name: pool, Minor: -1, Table: table})
+		if err != nil {
 			return "", err
 		}
 		if _, err := m.Message(context.Background(), pool, 0, []string{"create_thin", "1"}); err != nil {
 			return "", err
 		}
-		return pool, nil
+		// By number, as the thin line prints its pool.
+		return d.DevNo(), nil
 	},
 	// What thin device 1 holds, read through a second activation of it
 	// (thin_ctr allows several, as dm_pool_open_thin_device counts them).

@@ -56,6 +56,24 @@ func dmsetupPrefix() string {
 // name is the test's device called s.
 func (e *dmsetupEnv) name(s string) string { return e.prefix + s }
 
+// devNo returns the number of the mapped device called name, as tables
+// print it ("MAJOR:MINOR").
+func (e *dmsetupEnv) devNo(name string) string {
+	e.t.Helper()
+	return strings.TrimSpace(e.must("info", "-c", "--noheadings", "--separator", ":", "-o", "major,minor", name))
+}
+
+// blockNo returns the number of the block device at path, as tables print
+// it ("MAJOR:MINOR").
+func blockNo(t testing.TB, path string) string {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+}
+
 func newDmsetupEnv(t *testing.T) *dmsetupEnv {
 	t.Helper()
 	requireFUSE(t)
@@ -461,7 +479,7 @@ dmsetup create $NAME --table "0 $SZ linear $DEV 0"
 dmsetup suspend --nolockfs $NAME
 printf "0 1000 linear $DEV 0\n1000 1000 error $DEV 1000\n2000 $((SZ-2000)) linear $DEV 2000\n" | dmsetup load $NAME
 dmsetup resume $NAME`, dev, name))
-	if got := e.must("table", name); got != fmt.Sprintf("0 1000 linear %s 0\n1000 1000 error \n2000 30768 linear %s 2000\n", dev, dev) {
+	if got := e.must("table", name); got != fmt.Sprintf("0 1000 linear %s 0\n1000 1000 error \n2000 30768 linear %s 2000\n", blockNo(t, dev), blockNo(t, dev)) {
 		t.Errorf("table: %q", got)
 	}
 	readAt := func(sector int64) error {
@@ -506,14 +524,12 @@ func TestDmsetupStacked(t *testing.T) {
 	base, top := e.name("base"), e.name("top")
 	e.must("create", base, "--table", "0 32768 linear "+dev+" 0")
 	e.must("create", top, "--table", "0 16384 linear /dev/mapper/"+base+" 8192")
-	if got := e.must("table", top); got != "0 16384 linear "+base+" 8192\n" {
+	if got := e.must("table", top); got != "0 16384 linear "+e.devNo(base)+" 8192\n" {
 		t.Errorf("table of the upper device: %q", got)
 	}
-	var st unix.Stat_t
-	if err := unix.Stat("/dev/mapper/"+base, &st); err != nil {
-		t.Fatal(err)
-	}
-	baseNo := fmt.Sprintf("%d, %d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	// The device's own number, fixed at create (the loop device it is
+	// exported as has another).
+	baseNo := strings.ReplaceAll(e.devNo(base), ":", ", ")
 	if got := e.must("deps", top); got != "1 dependencies\t: ("+baseNo+")\n" {
 		t.Errorf("deps: %q", got)
 	}
@@ -523,9 +539,15 @@ func TestDmsetupStacked(t *testing.T) {
 	if got := e.must("ls", "--tree", "-o", "ascii"); !strings.Contains(got, top+" (") || !strings.Contains(got, " `-"+base+" (") {
 		t.Errorf("ls --tree:\n%s", got)
 	}
-	// Loading the upper table again through MAJOR:MINOR resolves the same.
+	// Loading the upper table again through MAJOR:MINOR resolves the same,
+	// whether the number is the device's own or its loop device's.
 	e.must("load", top, "--table", "0 16384 linear "+strings.ReplaceAll(baseNo, ", ", ":")+" 8192")
 	e.must("resume", top)
+	e.must("load", top, "--table", "0 16384 linear "+blockNo(t, "/dev/mapper/"+base)+" 8192")
+	e.must("resume", top)
+	if got := e.must("table", top); got != "0 16384 linear "+e.devNo(base)+" 8192\n" {
+		t.Errorf("table after a load through the loop device's number: %q", got)
+	}
 	data := bytes.Repeat([]byte("stacked!"), 512)
 	f, err := os.OpenFile("/dev/mapper/"+top, os.O_WRONLY|syscall.O_DIRECT, 0)
 	if err != nil {

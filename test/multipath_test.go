@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dmfuse/dmfuse/fs/export"
 )
 
 // mpConfig is two path devices over one backing file (two routes to the same
@@ -20,14 +22,18 @@ func mpConfig(img, features string) string {
 		"mp,,,rw,0 8192 multipath %s 0 1 1 round-robin 0 2 1 p1 1 p2 1\n", img, img, features)
 }
 
-// mpStatus returns `dmfuse status mp`.
+// mpStatus returns `dmfuse status mp`, with the paths' numbers (p1 and p2
+// are the first two devices of mpConfig: minors 0 and 1) written as their
+// names.
 func mpStatus(t *testing.T, d *daemon) string {
 	t.Helper()
 	out, err := d.ctl("status", "mp")
 	if err != nil {
 		t.Fatalf("dmfuse status mp: %v: %s", err, out)
 	}
-	return strings.TrimRight(out, "\n")
+	maj := export.FreeMajor()
+	names := strings.NewReplacer(fmt.Sprintf(" %d:0 ", maj), " p1 ", fmt.Sprintf(" %d:1 ", maj), " p2 ")
+	return strings.TrimRight(names.Replace(out), "\n")
 }
 
 // mpMessage sends a message to mp and fails the test if it is refused.

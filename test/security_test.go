@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/fs/export"
 )
 
 // nobody is the uid and gid the peer-credential test runs its client as.
@@ -102,7 +104,7 @@ func TestControlSocketPeerCredentials(t *testing.T) {
 		}
 	}
 	out, err := exec.Command(dmfuseBin, "--control", sock, "ls").CombinedOutput()
-	if err != nil || string(out) != "z\t(253:0)\n" {
+	if err != nil || string(out) != fmt.Sprintf("z\t(%d:0)\n", export.FreeMajor()) {
 		t.Errorf("ls as root after the refused commands: %q, %v", out, err)
 	}
 }
@@ -148,7 +150,7 @@ func TestControlSocketBounds(t *testing.T) {
 	ls := func(what string) {
 		t.Helper()
 		resp, err := control.Call(sock, &control.Request{Op: control.OpList})
-		if err != nil || resp.Error != "" || resp.Output != "lin\t(253:0)\n" {
+		if err != nil || resp.Error != "" || resp.Output != fmt.Sprintf("lin\t(%d:0)\n", export.FreeMajor()) {
 			t.Fatalf("ls %s: %+v, %v", what, resp, err)
 		}
 	}

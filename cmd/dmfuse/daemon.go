@@ -93,7 +93,7 @@ func runDaemon(o daemonOptions) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	mgr := stack.NewManager(stack.ManagerOptions{Registry: targets.Registry(), Context: ctx, Clock: clock.System,
+	mgr := stack.NewManager(stack.ManagerOptions{Registry: targets.Registry(), Context: ctx, Clock: clock.System, Major: export.FreeMajor(),
 		CoreMessage: stack.DMStatsMessage, Memory: reserveMemory})
 	dmstats := stack.RegionHistograms(mgr)
 	metrics.RegisterSet(dmstats)

@@ -50,9 +50,11 @@ func newHarness(t *testing.T) *harness {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h.mgr = stack.NewManager(stack.ManagerOptions{Registry: registry(t), Context: ctx, CoreMessage: stack.DMStatsMessage})
+	// The vectors were recorded on a kernel whose device-mapper major is
+	// 253; the harness's devices report that major.
+	h.mgr = stack.NewManager(stack.ManagerOptions{Registry: registry(t), Context: ctx, CoreMessage: stack.DMStatsMessage, Major: 253})
 	h.srv = control.NewServer(ctx, h.mgr)
-	off := stack.NewManager(stack.ManagerOptions{Registry: registry(t), Context: ctx})
+	off := stack.NewManager(stack.ManagerOptions{Registry: registry(t), Context: ctx, Major: 253})
 	h.offline = control.NewServer(ctx, off)
 	h.env["DM_DEV_DIR"] = h.devDir
 	t.Cleanup(func() { h.srv.Close(); h.offline.Close(); h.mgr.Close(); off.Close(); cancel() })

@@ -59,7 +59,7 @@ func TestDmsetupVectorsLifecycle(t *testing.T) {
 		{args: args("info", "-c", "--noheadings", "test"), out: "test:253:0:L--w:0:1:0:\n"},
 		{args: args("info", "-c", "--separator", ",", "test"), out: "Name,Maj,Min,Stat,Open,Targ,Event,UUID\ntest,253,0,L--w,0,1,0,\n"},
 		{args: args("info", "-c", "--noheadings", "-o", "name,blkdevname,attr,major,minor,open,segments,events", "--separator", " ", "test"),
-			out: "test test L--w 253 0 0 1 0\n"},
+			out: "test dm-0 L--w 253 0 0 1 0\n"},
 		{args: args("info", "-c", "--nameprefixes", "--noheadings", "-o", "name,open", "test"), out: "DM_NAME='test':DM_OPEN='0'\n"},
 		// Rows gathered before a failure are still printed.
 		{args: args("info", "-c", "-o", "name", "test", "nosuch"), out: "Name            \ntest            \n",

@@ -61,8 +61,8 @@ func New(mgr *stack.Manager, mount, mapper, state string, logf func(string, ...a
 		byDev: map[*stack.Device]*export{}, byNo: map[uint64]*stack.Device{}}, nil
 }
 
-// DevNo implements stack.Exporter: the loop device's number.
-func (l *Loops) DevNo(d *stack.Device) (uint32, uint32, bool) {
+// Block implements stack.Exporter: the loop device's number.
+func (l *Loops) Block(d *stack.Device) (uint32, uint32, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if e := l.byDev[d]; e != nil {

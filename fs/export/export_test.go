@@ -1,10 +1,13 @@
 package export
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/dmfuse/dmfuse/stack"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,4 +57,30 @@ func TestLoopUsers(t *testing.T) {
 	if got := LoopsUnder(filepath.Dir(img)); len(got) != 0 {
 		t.Errorf("after detach: %+v", got)
 	}
+}
+
+// TestFreeMajor: the lowest local-use block major no driver holds.
+func TestFreeMajor(t *testing.T) {
+	for devices, want := range map[string]uint32{
+		"Character devices:\n240 foo\n\nBlock devices:\n  7 loop\n253 zram\n254 virtblk\n": 240,
+		"Block devices:\n240 a\n241 b\n": 242,
+		"":                               240,
+		"Block devices:\n" + allLocal():  stack.DefaultMajor,
+		"Character devices:\n241 c\n":    240,
+	} {
+		if got := freeMajor(devices); got != want {
+			t.Errorf("freeMajor(%q) = %d, want %d", devices, got, want)
+		}
+	}
+	if m := FreeMajor(); m < 240 || m > 254 {
+		t.Errorf("FreeMajor() = %d, not in 240-254", m)
+	}
+}
+
+func allLocal() string {
+	var b strings.Builder
+	for m := 240; m <= 254; m++ {
+		fmt.Fprintf(&b, "%d x\n", m)
+	}
+	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/dmfuse/dmfuse/stack"
 	"golang.org/x/sys/unix"
 )
 
@@ -117,4 +118,36 @@ func parseDevNo(s string) (uint32, uint32, bool) {
 	maj, err1 := strconv.ParseUint(a, 10, 32)
 	min, err2 := strconv.ParseUint(b, 10, 32)
 	return uint32(maj), uint32(min), err1 == nil && err2 == nil
+}
+
+// FreeMajor returns the block major the devices of a daemon report: the
+// lowest of the majors Linux keeps for local use (240-254) that no driver
+// holds in /proc/devices, stack.DefaultMajor if it cannot tell or all are
+// taken. A driver loaded later asks the kernel for a dynamic major, which
+// counts down from 254, so the lowest free one is the last it would take.
+func FreeMajor() uint32 {
+	b, err := os.ReadFile("/proc/devices")
+	if err != nil {
+		return stack.DefaultMajor
+	}
+	return freeMajor(string(b))
+}
+
+// freeMajor is FreeMajor over the text of /proc/devices.
+func freeMajor(devices string) uint32 {
+	_, block, _ := strings.Cut(devices, "Block devices:")
+	used := map[uint64]bool{}
+	for _, line := range strings.Split(block, "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			if n, err := strconv.ParseUint(f[0], 10, 32); err == nil {
+				used[n] = true
+			}
+		}
+	}
+	for m := uint64(240); m <= 254; m++ {
+		if !used[m] {
+			return uint32(m)
+		}
+	}
+	return stack.DefaultMajor
 }

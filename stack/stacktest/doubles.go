@@ -44,7 +44,7 @@ func (o Opener) Open(arg string) (stack.BlockDevice, error) {
 	mapped := !strings.Contains(arg, "/")
 	if mm := majMin.FindStringSubmatch(arg); mm != nil {
 		maj, err := strconv.ParseUint(mm[1], 10, 32)
-		mapped = err == nil && maj == stack.Major
+		mapped = err == nil && maj == stack.DefaultMajor
 	}
 	if mapped {
 		return nil, stack.Errorf("Device lookup failed: %s: no such mapped device", arg)

@@ -231,9 +231,11 @@ func belowEntry(wrongStored bool) targets.Entry {
 		Params: func(s targets.Segment) string { return s.Below + " good" },
 		Uses:   []*stack.TargetType{stack.Linear},
 		Below: func(m *stack.Manager, s targets.Segment) (string, error) {
-			name := fmt.Sprintf("lin%d", s.Index)
-			_, err := m.Create(stack.CreateOptions{Name: name, Minor: -1, Table: fmt.Sprintf("0 %d linear %s 0", s.Sectors, s.Dev)})
-			return name, err
+			d, err := m.Create(stack.CreateOptions{Name: fmt.Sprintf("lin%d", s.Index), Minor: -1, Table: fmt.Sprintf("0 %d linear %s 0", s.Sectors, s.Dev)})
+			if err != nil {
+				return "", err
+			}
+			return d.DevNo(), nil
 		},
 		Stored: func(m *stack.Manager, s targets.Segment, n int64) ([]byte, error) {
 			p := make([]byte, n)
@@ -242,7 +244,7 @@ func belowEntry(wrongStored bool) targets.Entry {
 				off = stack.SectorSize
 				p = p[:n-off]
 			}
-			_, err := m.Lookup(s.Below).ReadAt(context.Background(), p, off)
+			_, err := m.Lookup(fmt.Sprintf("lin%d", s.Index)).ReadAt(context.Background(), p, off)
 			return p, err
 		},
 	}}
