@@ -24,11 +24,14 @@
 //	-> {"error":"d1: line 1: linear: Invalid argument count","errno":"EINVAL"}
 //
 // Op is one of create, load, clear, suspend, resume, remove, remove_all,
-// rename, message, table, status, info, ls, targets, wait, deps, report and
-// stop; the other fields are name, new_name, uuid (create, and rename's
-// --setuuid), table, dir (absolute; relative paths in the table resolve
-// against it), notable, readonly, minor, noflush, nolockfs, force, deferred,
-// inactive, concise, target, event_nr, format, sector and args. One table
+// rename, message, table, status, info, ls, targets, wait, deps, report,
+// stop, supervise and about; the other fields are name, new_name, uuid (create, and
+// rename's --setuuid), table, dir (absolute; relative paths in the table
+// resolve against it), notable, readonly, minor, noflush, nolockfs, force,
+// deferred, inactive, concise, target, event_nr, format, sector, args and fd.
+// supervise hands the system instance the seccomp listener of a program
+// `dmfuse exec` runs (descriptor fd of the client's process, which the
+// daemon takes with pidfd_getfd; package control/dmexec). One table
 // (ops) lists the fields each operation takes and its handler, which calls
 // one stack.Manager method, with the flags as stack.Flags. stop calls the
 // daemon's stop path (Server.OnStop) and answers once the daemon is sure to

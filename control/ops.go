@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"syscall"
 
 	"github.com/dmfuse/dmfuse/stack"
 )
@@ -85,6 +86,17 @@ var ops = map[string]op{
 		}
 		s.StopAccepting()
 		return "", nil
+	}},
+	OpSupervise: {"fd", func(s *Server, ctx context.Context, r *Request) (string, error) {
+		pid, ok := ctx.Value(peerPIDKey{}).(int32)
+		if s.supervise == nil || !ok {
+			return "", &stack.ArgError{Reason: "this daemon does not serve dmfuse exec (only the system instance does)", Errno: syscall.EOPNOTSUPP}
+		}
+		return "", s.supervise(int(pid), int(*r.FD))
+	}},
+	OpAbout: {"", func(s *Server, _ context.Context, _ *Request) (string, error) {
+		b, err := json.Marshal(About{Major: s.mgr.Major()})
+		return string(b) + "\n", err
 	}},
 	OpReport: {"name? inactive", func(s *Server, _ context.Context, r *Request) (string, error) {
 		devs, err := s.runReport(r)

@@ -74,6 +74,12 @@ func (d DepReport) DevName() string {
 	return d.BlkDevName
 }
 
+// About is the output of the about operation.
+type About struct {
+	// Major is the block major the daemon's devices report.
+	Major uint32 `json:"major"`
+}
+
 // kernelName returns the kernel's name of block device major:minor (sda,
 // loop0) from sysfs, "" if there is none.
 func kernelName(major, minor uint32) string {

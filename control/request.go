@@ -45,6 +45,13 @@ const (
 	// is sure to exit, or says why it cannot. With Force it tears down
 	// what keeps it from stopping.
 	OpStop = "stop"
+	// OpSupervise hands the daemon the seccomp listener of a program that
+	// `dmfuse exec` runs: the client's process (its SO_PEERCRED pid) holds
+	// it as descriptor FD. Only the system instance takes it.
+	OpSupervise = "supervise"
+	// OpAbout answers what a client needs to know of the daemon as data:
+	// its output is a JSON About.
+	OpAbout = "about"
 )
 
 // Request is one control command, as the client sends it.
@@ -100,6 +107,8 @@ type Request struct {
 	Sector uint64 `json:"sector,omitempty"`
 	// Args are the words of a message.
 	Args []string `json:"args,omitempty"`
+	// FD is a descriptor of the client's process (supervise).
+	FD *int32 `json:"fd,omitempty"`
 }
 
 // Response is the daemon's answer to one request.
@@ -192,10 +201,10 @@ func (r *Request) Validate() error {
 		"dir": r.Dir != "", "notable": r.NoTable, "readonly": r.ReadOnly, "noflush": r.NoFlush, "force": r.Force,
 		"inactive": r.Inactive, "sector": r.Sector != 0, "args": len(r.Args) > 0,
 		"nolockfs": r.NoLockFS, "deferred": r.Deferred, "concise": r.Concise, "target": r.Target != "",
-		"event_nr": r.EventNr != 0, "format": r.Format != "", "minor": r.Minor != nil,
+		"event_nr": r.EventNr != 0, "format": r.Format != "", "minor": r.Minor != nil, "fd": r.FD != nil,
 	}
 	for _, f := range []string{"name", "new_name", "uuid", "table", "dir", "notable", "readonly", "noflush", "force", "inactive", "sector", "args",
-		"nolockfs", "deferred", "concise", "target", "event_nr", "format", "minor"} {
+		"nolockfs", "deferred", "concise", "target", "event_nr", "format", "minor", "fd"} {
 		if set[f] && !allowed[f] {
 			return fmt.Errorf("%s: field %q does not apply", r.Op, f)
 		}
@@ -228,6 +237,10 @@ func (r *Request) Validate() error {
 		}
 		if r.Minor != nil && *r.Minor >= 1<<20 {
 			return fmt.Errorf("%s: minor %d out of range", r.Name, *r.Minor)
+		}
+	case OpSupervise:
+		if r.FD == nil || *r.FD < 0 {
+			return errors.New("supervise: no descriptor given")
 		}
 	case OpLoad:
 		if strings.TrimSpace(r.Table) == "" {

@@ -49,6 +49,8 @@ type Server struct {
 	uid uint32
 	// stop stops the daemon (OnStop).
 	stop func(force bool) error
+	// supervise takes over a `dmfuse exec` listener (OnSupervise).
+	supervise func(pid, fd int) error
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -78,6 +80,15 @@ func NewServer(ctx context.Context, m *stack.Manager) *Server {
 // requests accepted already are answered); an error is the answer of the
 // stop request, and the server goes on. Without f, stop fails.
 func (s *Server) OnStop(f func(force bool) error) { s.stop = f }
+
+// OnSupervise sets what takes over the seccomp listener that descriptor fd
+// of the client's process pid is (the supervise operation of `dmfuse
+// exec`); without it the operation is refused.
+func (s *Server) OnSupervise(f func(pid, fd int) error) { s.supervise = f }
+
+// peerPIDKey keys the client's pid (SO_PEERCRED) in the context of a
+// supervise request.
+type peerPIDKey struct{}
 
 // StopAccepting closes the listener, which removes the socket file, and
 // lets Serve return; connections already accepted are served. A daemon
@@ -123,21 +134,27 @@ func (s *Server) refusal(c net.Conn) (reason, errno string) {
 
 // peerUID returns the uid of the process at the other end of c.
 func peerUID(c *net.UnixConn) (uint32, error) {
-	rc, err := c.SyscallConn()
+	cred, err := peerCred(c)
 	if err != nil {
 		return 0, err
+	}
+	return cred.Uid, nil
+}
+
+// peerCred returns the credentials of the process at the other end of c.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return 0, err
+		return nil, err
 	}
-	if serr != nil {
-		return 0, serr
-	}
-	return cred.Uid, nil
+	return cred, serr
 }
 
 // refuse answers a connection that is not served and closes it. The answer
@@ -247,6 +264,13 @@ func (s *Server) serveConn(c net.Conn) {
 		return
 	}
 	ctx := s.ctx
+	if req.Op == OpSupervise {
+		if uc, ok := c.(*net.UnixConn); ok {
+			if cred, err := peerCred(uc); err == nil {
+				ctx = context.WithValue(ctx, peerPIDKey{}, cred.Pid)
+			}
+		}
+	}
 	if req.Op == OpWait {
 		var cancel context.CancelFunc
 		ctx, cancel = s.waitContext(c)

@@ -3,6 +3,7 @@ package stack
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -115,7 +116,7 @@ func (m *Manager) openArg(self *Device, arg string, ro bool, dir string) (BlockD
 				return m.useExported(self, d, arg)
 			}
 		}
-		bd, err := OpenFile(fmt.Sprintf("/dev/block/%d:%d", maj, min), arg, ro)
+		bd, err := OpenFile(blockNode(uint32(maj), uint32(min)), arg, ro)
 		if err != nil {
 			return nil, lookupFailed(arg, err)
 		}
@@ -292,4 +293,29 @@ func StorageKey(dev BlockDevice) any {
 		return fileKey{dev: st.Dev, ino: st.Ino}
 	}
 	return dev
+}
+
+// blockNode returns a path to the block device major:minor: udev's
+// /dev/block/MAJOR:MINOR where it exists, else the node devtmpfs made under
+// the kernel's name for it (DEVNAME of its uevent in sysfs), as on a
+// machine where no udev runs; the first if neither is there.
+func blockNode(major, minor uint32) string {
+	byNumber := fmt.Sprintf("/dev/block/%d:%d", major, minor)
+	if _, err := os.Stat(byNumber); err == nil {
+		return byNumber
+	}
+	uevent, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", major, minor))
+	if err != nil {
+		return byNumber
+	}
+	for _, line := range strings.Split(string(uevent), "\n") {
+		if name, ok := strings.CutPrefix(line, "DEVNAME="); ok {
+			p := filepath.Join("/dev", name)
+			var st unix.Stat_t
+			if unix.Stat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK && st.Rdev == unix.Mkdev(major, minor) {
+				return p
+			}
+		}
+	}
+	return byNumber
 }

@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dmfuse/dmfuse/control"
+	"github.com/dmfuse/dmfuse/control/dmexec"
+	"github.com/dmfuse/dmfuse/control/dmioctl"
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
@@ -64,6 +66,9 @@ type daemonOptions struct {
 type exportOptions struct {
 	// mapper is the folder of the nodes, state the file listing them.
 	mapper, state string
+	// execNodes is the folder of the nodes the supervisor of `dmfuse exec`
+	// hands out devices through.
+	execNodes string
 }
 
 // forceWait bounds how long a forced stop waits for the kernel to let go of
@@ -143,6 +148,16 @@ func runDaemon(o daemonOptions) error {
 	}
 	ctl := control.NewServer(ctx, mgr)
 	ctl.OnStop(d.stop)
+	if o.export != nil {
+		// The system instance serves the programs `dmfuse exec` runs.
+		dm := dmioctl.NewServer(mgr, kernelLog(o.logf))
+		sup, err := dmexec.NewSupervisor(ctx, mgr, dm, o.export.execNodes, o.logf)
+		if err != nil {
+			srv.Unmount()
+			return err
+		}
+		ctl.OnSupervise(sup.Supervise)
+	}
 	go func() {
 		if err := ctl.Serve(ln); err != nil {
 			o.logf("%v", err)

@@ -43,6 +43,7 @@ type CLI struct {
 	Install   InstallCmd   `cmd:"" help:"Link DIR/dmsetup to dmfuse, so that scripts running dmsetup drive dmfuse."`
 	Daemon    DaemonCmd    `cmd:"" help:"Serve the system instance (dmsetup starts it when a command needs it)."`
 	Stop      StopCmd      `cmd:"" help:"Stop the system instance, or the daemon of --mount or --control, once none of its devices is in use (--force: whatever uses them)."`
+	Exec      ExecCmd      `cmd:"" help:"Run a command with device-mapper as the kernel offers it (/dev/mapper/control, DM ioctls), served by the system instance: lvm2, cryptsetup, kpartx and the real dmsetup run unchanged."`
 }
 
 func main() {
@@ -57,6 +58,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "dmsetup" {
 		os.Exit(runDmsetup("dmsetup", os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == execChildArg {
+		os.Exit(runExecChild())
 	}
 	var cli CLI
 	ctx := kong.Parse(&cli,

@@ -307,7 +307,7 @@ func (c *DaemonCmd) Run() error {
 		fs:     fs.Options{Transport: os.Getenv("DMFUSE_TRANSPORT")},
 		socket: s.socket(), strict: true,
 		thinNoSpaceTimeout: thin.DefaultNoSpaceTimeout,
-		export:             &exportOptions{mapper: mapperDir(), state: s.path("nodes")},
+		export:             &exportOptions{mapper: mapperDir(), state: s.path("nodes"), execNodes: s.path("exec-nodes")},
 		removeOnStop:       true,
 		logf:               logf,
 		served: func() {

@@ -1,0 +1,3 @@
+// Package dmexec gives the programs `dmfuse exec` runs the kernel's
+// device-mapper interface, served by the daemon's devices.
+package dmexec
