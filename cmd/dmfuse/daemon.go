@@ -156,6 +156,7 @@ func runDaemon(o daemonOptions) error {
 			srv.Unmount()
 			return err
 		}
+		export.SetNodeDir(o.export.execNodes)
 		ctl.OnSupervise(sup.Supervise)
 	}
 	go func() {

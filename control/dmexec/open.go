@@ -250,8 +250,11 @@ func (c *call) openDevice(st unix.Stat_t, minor uint32, flags uint64) {
 	unix.Close(fd)
 }
 
-// errnoOf returns the errno of err, EIO if it has none.
+// errnoOf returns the errno of err (0 for nil), EIO if it has none.
 func errnoOf(err error) unix.Errno {
+	if err == nil {
+		return 0
+	}
 	var e unix.Errno
 	if errors.As(err, &e) {
 		return e

@@ -34,7 +34,7 @@ func openFDs(rdev uint64) int32 {
 		}
 		for _, fd := range fds {
 			link, err := os.Readlink(filepath.Join(dir, fd.Name()))
-			if err != nil || !strings.HasPrefix(link, "/dev/") {
+			if err != nil || !strings.HasPrefix(link, "/dev/") && !strings.HasPrefix(link, nodeDirs) {
 				continue
 			}
 			var st unix.Stat_t
@@ -45,6 +45,14 @@ func openFDs(rdev uint64) int32 {
 	}
 	return n
 }
+
+// nodeDirs is a folder besides /dev whose block nodes processes open block
+// devices through: the nodes `dmfuse exec` hands out (SetNodeDir).
+var nodeDirs = "/dev/"
+
+// SetNodeDir makes the users of a loop device include the descriptors
+// opened through the block nodes in dir.
+func SetNodeDir(dir string) { nodeDirs = filepath.Clean(dir) + "/" }
 
 // holders counts the devices stacked on block device dev (a kernel dm or
 // md device on it), from /sys/block/NAME/holders.
@@ -73,11 +81,25 @@ func swaps(dev string) bool {
 // users counts the users of the loop device l.
 func (l *loopDev) users() int32 {
 	n := openFDs(l.rdev) + holders(l.path)
-	if len(MountsOf(l.rdev)) > 0 {
+	if len(MountsOf(l.rdev)) > 0 || n == 0 && claimed(l.path) {
+		// A file system mounted in another mount namespace (a command of
+		// dmfuse exec's) is not in ours, but it claims the device.
 		n++
 	}
 	if swaps(l.path) {
 		n++
 	}
 	return n
+}
+
+// claimed reports whether someone holds block device dev exclusively (a
+// mounted file system, an O_EXCL opener): an exclusive open fails with
+// EBUSY.
+func claimed(dev string) bool {
+	fd, err := unix.Open(dev, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err == unix.EBUSY
+	}
+	unix.Close(fd)
+	return false
 }
