@@ -21,6 +21,7 @@ import (
 	"github.com/dmfuse/dmfuse/delay"
 	"github.com/dmfuse/dmfuse/fs"
 	"github.com/dmfuse/dmfuse/fs/export"
+	"github.com/dmfuse/dmfuse/fs/sysfs"
 	"github.com/dmfuse/dmfuse/internal/clock"
 	"github.com/dmfuse/dmfuse/stack"
 	"github.com/dmfuse/dmfuse/stats"
@@ -67,8 +68,9 @@ type exportOptions struct {
 	// mapper is the folder of the nodes, state the file listing them.
 	mapper, state string
 	// execNodes is the folder of the nodes the supervisor of `dmfuse exec`
-	// hands out devices through.
-	execNodes string
+	// hands out devices through, sys where the daemon's view of sysfs is
+	// mounted for the commands it runs.
+	execNodes, sys string
 }
 
 // forceWait bounds how long a forced stop waits for the kernel to let go of
@@ -80,7 +82,8 @@ type daemon struct {
 	o     daemonOptions
 	mgr   *stack.Manager
 	srv   *fs.Server
-	loops *export.Loops // nil unless exporting
+	loops *export.Loops      // nil unless exporting
+	sup   *dmexec.Supervisor // nil unless serving dmfuse exec
 
 	mu       sync.Mutex
 	stopping bool
@@ -157,7 +160,14 @@ func runDaemon(o daemonOptions) error {
 			return err
 		}
 		export.SetNodeDir(o.export.execNodes)
+		sysv, err := sysfs.Mount(o.export.sys, mgr)
+		if err != nil {
+			srv.Unmount()
+			return fmt.Errorf("sysfs view: %w", err)
+		}
+		defer sysv.Unmount()
 		ctl.OnSupervise(sup.Supervise)
+		d.sup = sup
 	}
 	go func() {
 		if err := ctl.Serve(ln); err != nil {
@@ -239,6 +249,7 @@ func (d *daemon) stop(force bool) error {
 		return nil
 	}
 	if force {
+		d.terminateExec()
 		var did []string
 		if d.o.export != nil {
 			did = export.Cleanup(d.o.mount, d.o.export.mapper, d.o.export.state)
@@ -258,12 +269,24 @@ func (d *daemon) stop(force bool) error {
 				Reason: fmt.Sprintf("devices still in use, still serving: %s (`dmfuse stop --force` tears them down)", d.inUse(left))}
 		}
 	}
+	d.terminateExec()
 	if err := d.srv.Unmount(); err != nil {
 		return &stack.ArgError{Errno: unix.EBUSY,
 			Reason: fmt.Sprintf("cannot unmount %s: %v; still serving%s", d.o.mount, err, d.holders())}
 	}
 	d.stopping = true
 	return nil
+}
+
+// terminateExec ends what still runs under `dmfuse exec` (dmeventd, a
+// shell): without this daemon its trapped calls would fail.
+func (d *daemon) terminateExec() {
+	if d.sup == nil {
+		return
+	}
+	if pids := d.sup.Terminate(2 * time.Second); len(pids) > 0 {
+		d.o.logf("stopped %d process(es) left running under dmfuse exec: %v", len(pids), pids)
+	}
 }
 
 // inUse says who uses each device named: a file system mounted on its

@@ -73,7 +73,7 @@ func (c *ExecCmd) Run() error {
 	if err := json.Unmarshal([]byte(resp.Output), &about); err != nil {
 		return fmt.Errorf("exec: the daemon's answer: %w", err)
 	}
-	child := dmexec.Child{Argv: argv, Major: about.Major, DevDir: devDir(), Private: s.path("exec"), Sys: s.path("sys")}
+	child := dmexec.Child{Argv: argv, Major: about.Major, DevDir: devDir(), Private: s.path("exec"), Sys: s.path("sys"), Detach: []string{s.mount()}}
 	for _, r := range reps {
 		child.Devices = append(child.Devices, dmexec.Device{Name: r.Name, Major: r.Major, Minor: r.Minor})
 	}

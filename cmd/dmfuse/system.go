@@ -105,6 +105,9 @@ func (s system) lockStart() (*os.File, error) {
 // the start lock and has seen no daemon running.
 func (s system) cleanup(w func(string)) {
 	did := export.Cleanup(s.mount(), mapperDir(), s.path("nodes"))
+	if export.Mounted(s.path("sys")) && unix.Unmount(s.path("sys"), unix.MNT_DETACH) == nil {
+		did = append(did, "detached "+s.path("sys"))
+	}
 	for _, p := range []string{s.socket(), s.path("daemon.pid")} {
 		if err := os.Remove(p); err == nil && len(did) == 0 {
 			did = append(did, "removed "+p)
@@ -307,7 +310,7 @@ func (c *DaemonCmd) Run() error {
 		fs:     fs.Options{Transport: os.Getenv("DMFUSE_TRANSPORT")},
 		socket: s.socket(), strict: true,
 		thinNoSpaceTimeout: thin.DefaultNoSpaceTimeout,
-		export:             &exportOptions{mapper: mapperDir(), state: s.path("nodes"), execNodes: s.path("exec-nodes")},
+		export:             &exportOptions{mapper: mapperDir(), state: s.path("nodes"), execNodes: s.path("exec-nodes"), sys: s.path("sys")},
 		removeOnStop:       true,
 		logf:               logf,
 		served: func() {

@@ -46,6 +46,10 @@ type Child struct {
 	// Sys, when set, is the daemon's view of sysfs with device-mapper's
 	// entries (its dev/block and block folders), mounted over /sys's.
 	Sys string
+	// Detach are mounts of the daemon's that the namespace lets go of, so
+	// that it does not keep the daemon's FUSE connections alive once the
+	// daemon unmounts them (its device files' mount).
+	Detach []string
 	// Supervise asks the daemon to take over the filter's listener,
 	// descriptor fd of this process.
 	Supervise func(fd int) error `json:"-"`
@@ -132,6 +136,9 @@ func (c *Child) setupMounts() error {
 				return fmt.Errorf("/sys/%s: %w", dir, err)
 			}
 		}
+	}
+	for _, m := range c.Detach {
+		unix.Unmount(m, unix.MNT_DETACH)
 	}
 	return nil
 }

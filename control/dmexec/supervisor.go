@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -38,6 +40,9 @@ type Supervisor struct {
 		// controls are the open control nodes, by the inode of the pipe
 		// handed out for each.
 		controls map[uint64]*control
+		// namespaces are the mount namespaces of the commands served, by
+		// their /proc/PID/ns/mnt link, with the count of listeners.
+		namespaces map[string]int
 	}
 	wg sync.WaitGroup
 }
@@ -65,6 +70,7 @@ func NewSupervisor(ctx context.Context, m *stack.Manager, dm *dmioctl.Server, di
 	s := &Supervisor{ctx: ctx, mgr: m, dm: dm, nodes: dir, logf: logf}
 	s.mu.byIno = map[uint64]devNo{}
 	s.mu.controls = map[uint64]*control{}
+	s.mu.namespaces = map[string]int{}
 	s.wg.Add(1)
 	go s.signalPolls()
 	return s, nil
@@ -87,9 +93,57 @@ func (s *Supervisor) Supervise(pid, fd int) error {
 	if err != nil {
 		return fmt.Errorf("pidfd_getfd %d/%d: %w", pid, fd, err)
 	}
+	ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	s.mu.Lock()
+	s.mu.namespaces[ns]++
+	s.mu.Unlock()
 	s.wg.Add(1)
-	go s.serve(lfd)
+	go func() {
+		s.serve(lfd)
+		s.mu.Lock()
+		if s.mu.namespaces[ns]--; s.mu.namespaces[ns] <= 0 {
+			delete(s.mu.namespaces, ns)
+		}
+		s.mu.Unlock()
+	}()
 	return nil
+}
+
+// Terminate ends the processes still running in the mount namespaces of
+// the commands served (what a command left running, such as dmeventd, or a
+// shell still open): without the supervisor every call of theirs that the
+// filter traps would fail with ENOSYS. They get SIGTERM, and SIGKILL if
+// still there after grace. It returns their pids.
+func (s *Supervisor) Terminate(grace time.Duration) []int {
+	s.mu.Lock()
+	nss := make(map[string]bool, len(s.mu.namespaces))
+	for ns := range s.mu.namespaces {
+		nss[ns] = true
+	}
+	s.mu.Unlock()
+	if len(nss) == 0 {
+		return nil
+	}
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && nss[ns] {
+			pids = append(pids, pid)
+			unix.Kill(pid, unix.SIGTERM)
+		}
+	}
+	deadline := time.Now().Add(grace)
+	for _, pid := range pids {
+		for unix.Kill(pid, 0) == nil && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		unix.Kill(pid, unix.SIGKILL)
+	}
+	return pids
 }
 
 // serve answers the notifications of one listener.

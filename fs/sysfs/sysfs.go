@@ -1,0 +1,346 @@
+// Package sysfs serves the part of sysfs that the programs `dmfuse exec`
+// runs look at to find device-mapper devices, with the daemon's devices in
+// it as the kernel's dm-mod would put them:
+//
+//	dev/block/   every entry of the host's /sys/dev/block (the same links),
+//	             and MAJOR:MINOR -> .../devices/virtual/block/dm-MINOR for
+//	             each device
+//	block/       every entry of the host's /sys/block, and dm-MINOR -> the
+//	             same folder
+//	devices/virtual/block/dm-MINOR/
+//	             dev, size, ro, removable, uevent, dm/{name,uuid,suspended,
+//	             use_blk_mq}, holders/ and slaves/ (the devices stacked on it
+//	             and under it), queue/ (its limits)
+//
+// `dmfuse exec` binds dev/block and block over /sys's in the command's
+// mount namespace; the links of the host's entries are relative, so they
+// still lead into the host's /sys/devices. libdevmapper reads dm/name and
+// holders (dm_device_get_name, dm_device_has_holders), lvm dm/uuid and
+// holders, cryptsetup the kernel name of a number (the link's last
+// element) and dm/uuid. Nothing is cached: every lookup reads the devices
+// afresh.
+package sysfs
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/dmfuse/dmfuse/stack"
+)
+
+// entry is one name in a folder of the tree: a folder (children), a link
+// (target) or a file (content).
+type entry struct {
+	children func() map[string]entry
+	target   string
+	content  func() string
+}
+
+func dir(f func() map[string]entry) entry { return entry{children: f} }
+func link(t string) entry                 { return entry{target: t} }
+func file(f func() string) entry          { return entry{content: f} }
+
+// Server is a mounted view.
+type Server struct {
+	srv *fuse.Server
+	mnt string
+}
+
+// Mount serves the view of m's devices on mnt (a folder) until Unmount.
+func Mount(mnt string, m *stack.Manager) (*Server, error) {
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		return nil, err
+	}
+	v := &view{mgr: m, mnt: mnt}
+	root := &node{path: "", e: dir(v.root)}
+	zero := time.Duration(0)
+	srv, err := gofs.Mount(mnt, root, &gofs.Options{
+		EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
+		MountOptions: fuse.MountOptions{FsName: "dmfuse-sys", Name: "dmfuse", AllowOther: true, DirectMount: true},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Server{srv: srv, mnt: mnt}, nil
+}
+
+// Unmount unmounts the view and waits for its server to end. Mount
+// namespaces that still see the view (a command of dmfuse exec's) would
+// keep its connection alive: after a second it is aborted.
+func (s *Server) Unmount() error {
+	var st syscall.Stat_t
+	syscall.Stat(s.mnt, &st)
+	err := s.srv.Unmount()
+	if err != nil {
+		syscall.Unmount(s.mnt, syscall.MNT_DETACH)
+	}
+	done := make(chan struct{})
+	go func() { s.srv.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		// The connection's number is the mount's device minor.
+		os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", st.Dev&0xff|(st.Dev>>12)&0xfff00), []byte("1"), 0)
+		<-done
+	}
+	return err
+}
+
+// view builds the tree from the manager's devices.
+type view struct {
+	mgr *stack.Manager
+	mnt string
+}
+
+func (v *view) root() map[string]entry {
+	return map[string]entry{
+		"dev":     dir(func() map[string]entry { return map[string]entry{"block": dir(v.devBlock)} }),
+		"block":   dir(v.block),
+		"devices": dir(func() map[string]entry { return map[string]entry{"virtual": dir(v.virtual)} }),
+	}
+}
+
+func (v *view) virtual() map[string]entry {
+	return map[string]entry{"block": dir(v.virtualBlock)}
+}
+
+// dmDir is the absolute path of device d's folder, where the links lead.
+func (v *view) dmDir(d *stack.Device) string {
+	return filepath.Join(v.mnt, "devices/virtual/block", kname(d))
+}
+
+func kname(d *stack.Device) string { return fmt.Sprintf("dm-%d", d.Minor()) }
+
+// host returns the links of a folder of the host's sysfs.
+func host(dir string) map[string]entry {
+	out := map[string]entry{}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if t, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil {
+			out[e.Name()] = link(t)
+		}
+	}
+	return out
+}
+
+func (v *view) devBlock() map[string]entry {
+	out := host("/sys/dev/block")
+	for _, d := range v.mgr.Devices() {
+		out[d.DevNo()] = link(v.dmDir(d))
+	}
+	return out
+}
+
+func (v *view) block() map[string]entry {
+	out := host("/sys/block")
+	for _, d := range v.mgr.Devices() {
+		out[kname(d)] = link(v.dmDir(d))
+	}
+	return out
+}
+
+func (v *view) virtualBlock() map[string]entry {
+	out := map[string]entry{}
+	for _, d := range v.mgr.Devices() {
+		out[kname(d)] = dir(func() map[string]entry { return v.device(d) })
+	}
+	return out
+}
+
+func text(s string) entry { return file(func() string { return s + "\n" }) }
+
+// device is the folder of d.
+func (v *view) device(d *stack.Device) map[string]entry {
+	in := d.Info(false)
+	ro, suspended := "0", "0"
+	if in.ReadOnly {
+		ro = "1"
+	}
+	if in.Suspended {
+		suspended = "1"
+	}
+	// The loop device a device is exported as has 512-byte blocks.
+	discardGran, discardMax := "0", "0"
+	if t := d.Live(); t != nil && t.Limits().Discard {
+		discardGran, discardMax = "512", "4294966784"
+	}
+	out := map[string]entry{
+		"dev":       text(d.DevNo()),
+		"size":      text(fmt.Sprint(in.Sectors)),
+		"ro":        text(ro),
+		"removable": text("0"),
+		"range":     text("1"),
+		"uevent":    text(fmt.Sprintf("MAJOR=%d\nMINOR=%d\nDEVNAME=%s\nDEVTYPE=disk", d.Major(), d.Minor(), kname(d))),
+		"dm": dir(func() map[string]entry {
+			return map[string]entry{
+				"name":       text(d.Name()),
+				"uuid":       text(d.UUID()),
+				"suspended":  text(suspended),
+				"use_blk_mq": text("0"),
+			}
+		}),
+		"holders": dir(func() map[string]entry { return v.holders(d) }),
+		"slaves":  dir(func() map[string]entry { return v.slaves(d) }),
+		"queue": dir(func() map[string]entry {
+			return map[string]entry{
+				"logical_block_size":  text("512"),
+				"physical_block_size": text("512"),
+				"hw_sector_size":      text("512"),
+				"minimum_io_size":     text("512"),
+				"optimal_io_size":     text("0"),
+				"rotational":          text("0"),
+				"read_ahead_kb":       text("128"),
+				"max_sectors_kb":      text("1280"),
+				"discard_granularity": text(discardGran),
+				"discard_max_bytes":   text(discardMax),
+			}
+		}),
+	}
+	return out
+}
+
+// holders are the devices whose tables use d.
+func (v *view) holders(d *stack.Device) map[string]entry {
+	out := map[string]entry{}
+	for _, o := range v.mgr.Devices() {
+		for _, dep := range v.mgr.Deps(o, false) {
+			if dep.Mapped == d {
+				out[kname(o)] = link(v.dmDir(o))
+			}
+		}
+	}
+	return out
+}
+
+// slaves are the devices d's table uses: other devices of the daemon, and
+// block devices, as links into the host's sysfs.
+func (v *view) slaves(d *stack.Device) map[string]entry {
+	out := map[string]entry{}
+	for _, dep := range v.mgr.Deps(d, false) {
+		switch {
+		case dep.Mapped != nil:
+			out[kname(dep.Mapped)] = link(v.dmDir(dep.Mapped))
+		case dep.Block:
+			if t, err := filepath.EvalSymlinks(fmt.Sprintf("/sys/dev/block/%d:%d", dep.Major, dep.Minor)); err == nil {
+				out[filepath.Base(t)] = link(t)
+			}
+		}
+	}
+	return out
+}
+
+// node is one inode of the tree.
+type node struct {
+	gofs.Inode
+	path string
+	e    entry
+}
+
+var (
+	_ gofs.NodeLookuper   = (*node)(nil)
+	_ gofs.NodeReaddirer  = (*node)(nil)
+	_ gofs.NodeGetattrer  = (*node)(nil)
+	_ gofs.NodeReadlinker = (*node)(nil)
+	_ gofs.NodeOpener     = (*node)(nil)
+	_ gofs.NodeReader     = (*node)(nil)
+)
+
+func (e entry) mode() uint32 {
+	switch {
+	case e.children != nil:
+		return syscall.S_IFDIR | 0o755
+	case e.target != "":
+		return syscall.S_IFLNK | 0o777
+	}
+	return syscall.S_IFREG | 0o444
+}
+
+func ino(path string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(path))
+	return h.Sum64() | 1<<63
+}
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	if n.e.children == nil {
+		return nil, syscall.ENOTDIR
+	}
+	e, ok := n.e.children()[name]
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	p := n.path + "/" + name
+	child := &node{path: p, e: e}
+	fill(&out.Attr, e)
+	return n.NewInode(ctx, child, gofs.StableAttr{Mode: e.mode() & syscall.S_IFMT, Ino: ino(p)}), 0
+}
+
+func (n *node) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
+	if n.e.children == nil {
+		return nil, syscall.ENOTDIR
+	}
+	kids := n.e.children()
+	names := make([]string, 0, len(kids))
+	for name := range kids {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	ents := make([]fuse.DirEntry, len(names))
+	for i, name := range names {
+		ents[i] = fuse.DirEntry{Name: name, Mode: kids[name].mode() & syscall.S_IFMT, Ino: ino(n.path + "/" + name)}
+	}
+	return gofs.NewListDirStream(ents), 0
+}
+
+func fill(a *fuse.Attr, e entry) {
+	a.Mode = e.mode()
+	a.Nlink = 1
+	if e.children != nil {
+		a.Nlink = 2
+	}
+	switch {
+	case e.target != "":
+		a.Size = uint64(len(e.target))
+	case e.content != nil:
+		a.Size = 4096 // as sysfs: the length shows only when read
+	}
+}
+
+func (n *node) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fill(&out.Attr, n.e)
+	return 0
+}
+
+func (n *node) Readlink(context.Context) ([]byte, syscall.Errno) {
+	if n.e.target == "" {
+		return nil, syscall.EINVAL
+	}
+	return []byte(n.e.target), 0
+}
+
+func (n *node) Open(_ context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if n.e.content == nil {
+		return nil, 0, syscall.EISDIR
+	}
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EACCES
+	}
+	return nil, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (n *node) Read(_ context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	s := n.e.content()
+	if off >= int64(len(s)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData([]byte(s[off:min(int64(len(s)), off+int64(len(dest)))])), 0
+}
