@@ -386,6 +386,43 @@ func TestControlConcurrent(t *testing.T) {
 	}
 }
 
+// TestControlReadAhead: create and resume set the read-ahead as dmsetup's
+// --readahead does (sectors rounded down to pages; +N only raising it; none;
+// auto leaving it); a bad value is refused before anything changes.
+func TestControlReadAhead(t *testing.T) {
+	e := newCtlEnv(t)
+	ra := func() string {
+		t.Helper()
+		out := e.ok(Request{Op: OpInfo, Name: "r"})
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "Read Ahead:") {
+				return strings.TrimSpace(strings.TrimPrefix(l, "Read Ahead:"))
+			}
+		}
+		t.Fatalf("no read-ahead in\n%s", out)
+		return ""
+	}
+	e.ok(Request{Op: OpCreate, Name: "r", Table: "0 8 zero", ReadAhead: "1001"})
+	for _, step := range []struct{ ra, want string }{
+		{"", "1000"}, {"+512", "1000"}, {"+2048", "2048"}, {"auto", "2048"}, {"-1", "2048"}, {"none", "0"}, {"4096", "4096"},
+	} {
+		e.ok(Request{Op: OpSuspend, Name: "r"})
+		e.ok(Request{Op: OpResume, Name: "r", ReadAhead: step.ra})
+		if got := ra(); got != step.want {
+			t.Errorf("resume --readahead %q: read-ahead %s, want %s", step.ra, got, step.want)
+		}
+	}
+	if r := e.do(Request{Op: OpResume, Name: "r", ReadAhead: "+lots"}); r.Errno != "EINVAL" || !strings.Contains(r.Error, `read-ahead "+lots"`) {
+		t.Errorf("a bad read-ahead: %+v", r)
+	}
+	if r := e.do(Request{Op: OpLoad, Name: "r", Table: "0 8 zero", ReadAhead: "8"}); r.Errno != "EINVAL" {
+		t.Errorf("read-ahead on load: %+v", r)
+	}
+	if got := ra(); got != "4096" {
+		t.Errorf("after refused requests: %s", got)
+	}
+}
+
 func TestEscapePath(t *testing.T) {
 	for in, want := range map[string]string{
 		"/":             "-",

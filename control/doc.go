@@ -25,10 +25,12 @@
 //
 // Op is one of create, load, clear, suspend, resume, remove, remove_all,
 // rename, message, table, status, info, ls, targets, wait, deps, report,
-// stop, supervise and about; the other fields are name, new_name, uuid (create, and
-// rename's --setuuid), table, dir (absolute; relative paths in the table
-// resolve against it), notable, readonly, minor, noflush, nolockfs, force,
-// deferred, inactive, concise, target, event_nr, format, sector, args and fd.
+// stop, supervise and about; the other fields are name, new_name, uuid
+// (create, and rename's --setuuid), table, dir (absolute; relative paths in
+// the table resolve against it), notable, readonly, minor, noflush,
+// nolockfs, force, deferred, inactive, concise, target, event_nr, format,
+// sector, args, readahead (create and resume: as dmsetup's --readahead) and
+// fd.
 // supervise hands the system instance the seccomp listener of a program
 // `dmfuse exec` runs (descriptor fd of the client's process, which the
 // daemon takes with pidfd_getfd; package control/dmexec). One table

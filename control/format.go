@@ -60,7 +60,7 @@ func formatInfo(in stack.Info, major, minor uint32) string {
 	}
 	line("Name:", "%s", in.Name)
 	line("State:", "%s", state)
-	line("Read Ahead:", "%d", 256)
+	line("Read Ahead:", "%d", in.ReadAhead)
 	line("Tables present:", "%s", tables)
 	line("Open count:", "%d", in.OpenCount)
 	line("Event number:", "%d", in.EventNr)

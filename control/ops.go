@@ -24,13 +24,16 @@ type op struct {
 // one handler that calls one stack.Manager method. Request.Validate admits
 // only these operations, with only their fields.
 var ops = map[string]op{
-	OpCreate: {"name uuid table dir notable readonly minor", func(s *Server, _ context.Context, r *Request) (string, error) {
+	OpCreate: {"name uuid table dir notable readonly minor readahead", func(s *Server, _ context.Context, r *Request) (string, error) {
 		minor := -1
 		if r.Minor != nil {
 			minor = int(*r.Minor)
 		}
-		_, err := s.mgr.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: minor, ReadOnly: r.ReadOnly,
+		d, err := s.mgr.Create(stack.CreateOptions{Name: r.Name, UUID: r.UUID, Minor: minor, ReadOnly: r.ReadOnly,
 			Table: r.Table, NoTable: r.NoTable, Dir: r.Dir})
+		if err == nil {
+			r.setReadAhead(d)
+		}
 		return "", err
 	}},
 	OpLoad: {"name table dir", func(s *Server, _ context.Context, r *Request) (string, error) {
@@ -42,8 +45,14 @@ var ops = map[string]op{
 	OpSuspend: {"name noflush nolockfs", func(s *Server, _ context.Context, r *Request) (string, error) {
 		return "", s.mgr.Suspend(r.Name, r.flags())
 	}},
-	OpResume: {"name noflush nolockfs", func(s *Server, _ context.Context, r *Request) (string, error) {
-		return "", s.mgr.Resume(r.Name, r.flags())
+	OpResume: {"name noflush nolockfs readahead", func(s *Server, _ context.Context, r *Request) (string, error) {
+		if err := s.mgr.Resume(r.Name, r.flags()); err != nil {
+			return "", err
+		}
+		if d := s.mgr.Lookup(r.Name); d != nil {
+			r.setReadAhead(d)
+		}
+		return "", nil
 	}},
 	OpRemove: {"name force deferred", func(s *Server, _ context.Context, r *Request) (string, error) {
 		return "", s.mgr.Remove(r.Name, r.flags())

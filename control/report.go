@@ -34,6 +34,8 @@ type DeviceReport struct {
 	Open           int32  `json:"open"`
 	Targets        int    `json:"targets"`
 	EventNr        uint32 `json:"event_nr"`
+	// ReadAhead is the read-ahead in sectors.
+	ReadAhead uint32 `json:"read_ahead"`
 	// Types are the target types of the live table's lines, in order.
 	Types []string `json:"types,omitempty"`
 	// Deps are the devices the live (with inactive: the inactive) table
@@ -95,7 +97,8 @@ func (s *Server) report(d *stack.Device, inactive bool) DeviceReport {
 	m := s.mgr
 	in := d.Info(inactive)
 	r := DeviceReport{Name: in.Name, UUID: in.UUID, Live: in.Live, Inactive: in.Inactive, Suspended: in.Suspended,
-		ReadOnly: in.ReadOnly, DeferredRemove: in.DeferredRemove, Open: m.OpenCount(d), Targets: in.Targets, EventNr: in.EventNr}
+		ReadOnly: in.ReadOnly, DeferredRemove: in.DeferredRemove, Open: m.OpenCount(d), Targets: in.Targets, EventNr: in.EventNr,
+		ReadAhead: in.ReadAhead}
 	r.Major, r.Minor = m.DevNo(d)
 	r.BlkDevName = s.blkDevName(d, r.Major, r.Minor)
 	d.WithTables(func(live, _ *stack.Table) {

@@ -96,7 +96,7 @@ func TestControlReportDepsConcise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantRep := []DeviceReport{{Name: "top", Major: 240, Minor: 3, BlkDevName: "dm-3", Live: true, Targets: 3,
+	wantRep := []DeviceReport{{Name: "top", Major: 240, Minor: 3, BlkDevName: "dm-3", Live: true, Targets: 3, ReadAhead: 256,
 		Types: []string{"linear", "linear", "linear"},
 		Deps:  []DepReport{{Mapped: "low", Major: 240, Minor: 2, BlkDevName: "dm-2"}, {Path: a, BlkDevName: a}}}}
 	if !reflect.DeepEqual(devs, wantRep) {

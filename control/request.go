@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -107,6 +108,10 @@ type Request struct {
 	Sector uint64 `json:"sector,omitempty"`
 	// Args are the words of a message.
 	Args []string `json:"args,omitempty"`
+	// ReadAhead is create's or resume's read-ahead, as dmsetup's
+	// --readahead takes it: sectors, +sectors (only if that raises it),
+	// auto or -1 (leave it) or none (0).
+	ReadAhead string `json:"readahead,omitempty"`
 	// FD is a descriptor of the client's process (supervise).
 	FD *int32 `json:"fd,omitempty"`
 }
@@ -202,9 +207,10 @@ func (r *Request) Validate() error {
 		"inactive": r.Inactive, "sector": r.Sector != 0, "args": len(r.Args) > 0,
 		"nolockfs": r.NoLockFS, "deferred": r.Deferred, "concise": r.Concise, "target": r.Target != "",
 		"event_nr": r.EventNr != 0, "format": r.Format != "", "minor": r.Minor != nil, "fd": r.FD != nil,
+		"readahead": r.ReadAhead != "",
 	}
 	for _, f := range []string{"name", "new_name", "uuid", "table", "dir", "notable", "readonly", "noflush", "force", "inactive", "sector", "args",
-		"nolockfs", "deferred", "concise", "target", "event_nr", "format", "minor", "fd"} {
+		"nolockfs", "deferred", "concise", "target", "event_nr", "format", "minor", "fd", "readahead"} {
 		if set[f] && !allowed[f] {
 			return fmt.Errorf("%s: field %q does not apply", r.Op, f)
 		}
@@ -223,6 +229,9 @@ func (r *Request) Validate() error {
 		if !utf8.ValidString(s) {
 			return fmt.Errorf("%s: text is not valid UTF-8", r.Op)
 		}
+	}
+	if _, _, _, err := r.readAhead(); err != nil {
+		return err
 	}
 	switch r.Op {
 	case OpCreate:
@@ -281,4 +290,29 @@ func (r *Request) Encode() ([]byte, error) {
 		return nil, err
 	}
 	return append(b, '\n'), nil
+}
+
+// readAhead parses ReadAhead: set reports whether to change the device's
+// read-ahead, to sectors, with minimum for +N.
+func (r *Request) readAhead() (set bool, sectors uint32, minimum bool, err error) {
+	a := r.ReadAhead
+	switch strings.ToLower(a) {
+	case "", "auto", "-1": // -1 is DM_READ_AHEAD_AUTO, as dmsetup takes it
+		return false, 0, false, nil
+	case "none":
+		return true, 0, false, nil
+	}
+	minimum = strings.HasPrefix(a, "+")
+	n, err := strconv.ParseUint(strings.TrimPrefix(a, "+"), 10, 32)
+	if err != nil {
+		return false, 0, false, fmt.Errorf("%s: read-ahead %q: not a number of sectors, auto or none", r.Name, a)
+	}
+	return true, uint32(n), minimum, nil
+}
+
+// setReadAhead applies ReadAhead (valid: Validate checked it) to d.
+func (r *Request) setReadAhead(d *stack.Device) {
+	if set, sectors, minimum, _ := r.readAhead(); set {
+		d.SetReadAhead(sectors, minimum)
+	}
 }

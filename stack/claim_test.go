@@ -1,6 +1,8 @@
 package stack
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -145,5 +147,42 @@ func TestRegularFileNotClaimed(t *testing.T) {
 	defer claims.Unlock()
 	if len(claims.m) != 0 {
 		t.Errorf("a regular file is claimed: %v", claims.m)
+	}
+}
+
+// TestClaimedZeroesOverDirtyPages: write-zeroes and discard of a block
+// device succeed right after a buffered write left the range's pages
+// dirty (from a descriptor without O_EXCL the kernel could only try to
+// invalidate them, and fails with EBUSY), and the range reads back zeros.
+func TestClaimedZeroesOverDirtyPages(t *testing.T) {
+	dev := loopDevice(t, 1<<20)
+	bd, err := OpenFile(dev, dev, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bd.(interface{ Close() error }).Close()
+	ctx := context.Background()
+	data := bytes.Repeat([]byte{0xa5}, 8192)
+	for _, op := range []struct {
+		name string
+		do   func(off, n int64) error
+	}{
+		{"write-zeroes", func(off, n int64) error { return bd.(ZeroWriter).WriteZeroes(ctx, off, n) }},
+		{"discard", func(off, n int64) error { return bd.(Discarder).Discard(ctx, off, n) }},
+	} {
+		if _, err := bd.WriteAt(ctx, data, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := op.do(0, 4096); err != nil {
+			t.Fatalf("%s over dirty pages: %v", op.name, err)
+		}
+		got := make([]byte, 8192)
+		if _, err := bd.ReadAt(ctx, got, 0); err != nil {
+			t.Fatal(err)
+		}
+		// A loop device over a file discards by punching a hole: zeros.
+		if !bytes.Equal(got[:4096], make([]byte, 4096)) || !bytes.Equal(got[4096:], data[4096:]) {
+			t.Errorf("%s: the range or its neighbour reads wrong", op.name)
+		}
 	}
 }

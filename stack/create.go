@@ -91,6 +91,7 @@ func (m *Manager) add(o CreateOptions) (*Device, error) {
 func newDevice(name, uuid string, major, minor uint32, ino uint64, readOnly bool, clock Clock) *Device {
 	d := &Device{major: major, minor: minor, ino: ino, disk: stats.NewDisk(clock)}
 	d.gate.init()
+	d.readAhead.Store(DefaultReadAhead)
 	d.mu.name, d.mu.uuid, d.mu.readOnly = name, uuid, readOnly
 	return d
 }

@@ -29,9 +29,10 @@ type Device struct {
 	// is issued again instead of failing.
 	noflush atomic.Bool
 
-	opens   atomic.Int32 // open file handles (fs)
-	holders atomic.Int32 // live or inactive tables of other devices that stack on this one
-	events  atomic.Uint32
+	opens     atomic.Int32 // open file handles (fs)
+	holders   atomic.Int32 // live or inactive tables of other devices that stack on this one
+	events    atomic.Uint32
+	readAhead atomic.Uint32 // sectors
 
 	// ctl serialises control operations (load, clear, suspend, resume, rename,
 	// remove) on this device; messages do not take it. It may be held while a
@@ -164,6 +165,28 @@ func (d *Device) OpenCount() int32 { return d.opens.Load() + d.holders.Load() }
 // AddOpen adjusts the count of open handles (the fs layer calls it on open
 // and release).
 func (d *Device) AddOpen(n int32) { d.opens.Add(n) }
+
+// DefaultReadAhead is a new device's read-ahead in sectors: the block
+// layer's default for a new disk (VM_READAHEAD_PAGES, 128 KiB), which a dm
+// device keeps until someone sets another.
+const DefaultReadAhead = 256
+
+// ReadAhead is the device's read-ahead in sectors, as BLKRAGET and
+// /sys/block/dm-N/bdi/read_ahead_kb report it. dmfuse keeps it for the
+// tools that set and read it (dmsetup --readahead, lvm's read_ahead); the
+// kernel's read-ahead of the loop device a device is exported as is the
+// loop device's own.
+func (d *Device) ReadAhead() uint32 { return d.readAhead.Load() }
+
+// SetReadAhead sets the read-ahead to sectors; with minimum (dmsetup's
+// --readahead +N) only when that raises it. The kernel keeps read-ahead
+// in pages (bdi->ra_pages): it rounds down to a multiple of 8 sectors.
+func (d *Device) SetReadAhead(sectors uint32, minimum bool) {
+	if minimum && d.readAhead.Load() >= sectors {
+		return
+	}
+	d.readAhead.Store(sectors &^ 7)
+}
 
 // EventNr is the device's event counter.
 func (d *Device) EventNr() uint32 { return d.events.Load() }

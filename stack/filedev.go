@@ -27,7 +27,10 @@ type fileDev struct {
 	// btrfs), which FileRead needs to beat pread.
 	asyncRead bool
 	rdev      uint64 // a block device's number
-	limits    Limits
+	// excl is the device's exclusive claim, writable, for discards and
+	// write-zeroes (claim.go); -1 for a file or a read-only device.
+	excl   int
+	limits Limits
 }
 
 var (
@@ -58,7 +61,7 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 	// (drivers/block/loop.c advertises discard and write-zeroes for files
 	// whose file system has fallocate; fileDev falls back by itself where
 	// ZERO_RANGE is missing). A block device takes what its queue says.
-	d := &fileDev{f: f, fd: int(f.Fd()), name: name, limits: Limits{Discard: true, WriteZeroes: true}}
+	d := &fileDev{f: f, fd: int(f.Fd()), name: name, excl: -1, limits: Limits{Discard: true, WriteZeroes: true}}
 	switch {
 	case st.Mode().IsRegular():
 		d.size = st.Size()
@@ -85,7 +88,7 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 			d.name = fmt.Sprintf("%d:%d", unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)))
 		}
 		// Held exclusively while a table uses it, as dm holds it (claim.go).
-		if err := claimBlock(d.fd, d.rdev); err != nil {
+		if d.excl, err = claimBlock(d.fd, d.rdev); err != nil {
 			f.Close()
 			return nil, &os.PathError{Op: "claim", Path: path, Err: err}
 		}
@@ -162,24 +165,30 @@ func (d *fileDev) Flush(ctx context.Context) error {
 	}
 }
 
+// blockRange issues BLKDISCARD or BLKZEROOUT for n bytes at off, from the
+// exclusive claim where there is one (claim.go).
+func (d *fileDev) blockRange(req uint, off, n int64) error {
+	fd := d.fd
+	if d.excl >= 0 {
+		fd = d.excl
+	}
+	r := [2]uint64{uint64(off), uint64(n)}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(unsafe.Pointer(&r))); e != 0 {
+		return e
+	}
+	return nil
+}
+
 func (d *fileDev) Discard(_ context.Context, off, n int64) error {
 	if d.block {
-		r := [2]uint64{uint64(off), uint64(n)}
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(d.fd), unix.BLKDISCARD, uintptr(unsafe.Pointer(&r))); e != 0 {
-			return e
-		}
-		return nil
+		return d.blockRange(unix.BLKDISCARD, off, n)
 	}
 	return unix.Fallocate(d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
 }
 
 func (d *fileDev) WriteZeroes(_ context.Context, off, n int64) error {
 	if d.block {
-		r := [2]uint64{uint64(off), uint64(n)}
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(d.fd), unix.BLKZEROOUT, uintptr(unsafe.Pointer(&r))); e != 0 {
-			return e
-		}
-		return nil
+		return d.blockRange(unix.BLKZEROOUT, off, n)
 	}
 	err := unix.Fallocate(d.fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, off, n)
 	if err == unix.EOPNOTSUPP {

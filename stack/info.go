@@ -17,6 +17,8 @@ type Info struct {
 	Targets   int
 	OpenCount int32
 	EventNr   uint32
+	// ReadAhead is the read-ahead in sectors (Device.ReadAhead).
+	ReadAhead uint32
 	// Sectors is the live table's size.
 	Sectors int64
 }
@@ -28,7 +30,7 @@ func (d *Device) Info(inactive bool) Info {
 	d.WithTables(func(live, inact *Table) {
 		d.mu.Lock()
 		in = Info{Name: d.mu.name, UUID: d.mu.uuid, Minor: d.minor, Suspended: d.mu.suspended, ReadOnly: d.mu.readOnly,
-			Live: live != nil, Inactive: inact != nil, OpenCount: d.OpenCount(), EventNr: d.EventNr(), DeferredRemove: d.mu.deferred}
+			Live: live != nil, Inactive: inact != nil, OpenCount: d.OpenCount(), EventNr: d.EventNr(), ReadAhead: d.ReadAhead(), DeferredRemove: d.mu.deferred}
 		d.mu.Unlock()
 		t := live
 		if inactive {

@@ -128,6 +128,11 @@ func (s system) connect(start bool, warn func(string)) (*socketCaller, error) {
 		}
 		// It stopped while we waited: clean up and start one below.
 	}
+	if insideExec() {
+		// A daemon started here would run in the command's namespace,
+		// under the filter whose supervisor has gone with the old one.
+		return nil, fmt.Errorf("system instance %s: not running, and a command under dmfuse exec cannot start it (the daemon serving the exec has stopped)", s.dir)
+	}
 	if _, err := os.Stat(s.dir); errors.Is(err, os.ErrNotExist) && !start {
 		return nil, nil
 	}

@@ -397,7 +397,13 @@ func (s *Server) tableError(d *stack.Device, err error) {
 		if errors.As(te.Err, &ae) {
 			reason = ae.Reason
 		}
-		s.log("device-mapper: table: " + d.DevNo() + ": " + te.Target + ": " + reason + " (" + errnoName(errnoOf(err)) + ")")
+		line := "device-mapper: table: " + d.DevNo() + ": " + te.Target + ": " + reason
+		if reason != "unknown target type" {
+			// dm_table_add_target's own check has no errno; a
+			// constructor's failure is printed with one.
+			line += " (" + errnoName(errnoOf(err)) + ")"
+		}
+		s.log(line)
 		s.errf("error adding target to table")
 		return
 	}

@@ -33,7 +33,7 @@ var fields = []field{
 	{"uuid", "UUID", 32, false, "Unique (optional) identifier for mapped device.", func(d control.DeviceReport, _ []control.DeviceReport) string { return d.UUID }},
 	{"mangled_uuid", "MangledUUID", 32, false, "Mangled unique (optional) identifier for mapped device.", func(d control.DeviceReport, _ []control.DeviceReport) string { return d.UUID }},
 	{"unmangled_uuid", "UnmangledUUID", 32, false, "Unmangled unique (optional) identifier for mapped device.", func(d control.DeviceReport, _ []control.DeviceReport) string { return d.UUID }},
-	{"read_ahead", "RAhead", 6, true, "Read ahead value.", func(control.DeviceReport, []control.DeviceReport) string { return "256" }},
+	{"read_ahead", "RAhead", 6, true, "Read ahead value.", func(d control.DeviceReport, _ []control.DeviceReport) string { return fmt.Sprint(d.ReadAhead) }},
 	{"blkdevname", "BlkDevName", 16, false, "Name of block device.", func(d control.DeviceReport, _ []control.DeviceReport) string { return d.BlkDevName }},
 	{"attr", "Stat", 4, false, "(L)ive, (I)nactive, (s)uspended, (r)ead-only, read-(w)rite.", func(d control.DeviceReport, _ []control.DeviceReport) string { return attr(d) }},
 	{"tables_loaded", "Tables", 6, false, "Which of the live and inactive table slots are filled.", func(d control.DeviceReport, _ []control.DeviceReport) string {

@@ -128,7 +128,8 @@ func (r *run) createOne(name, uuid string, minor *uint32, ro bool, table *string
 		// One request does it all when it succeeds; one that fails has
 		// left nothing, and the steps below then fail where libdevmapper
 		// would, with its lines.
-		req := &control.Request{Op: control.OpCreate, Name: name, UUID: uuid, ReadOnly: ro, Minor: minor, Table: *table, Dir: r.env.Dir}
+		req := &control.Request{Op: control.OpCreate, Name: name, UUID: uuid, ReadOnly: ro, Minor: minor, Table: *table, Dir: r.env.Dir,
+			ReadAhead: r.o.val("readahead")}
 		resp := r.call(req)
 		if resp == nil {
 			return false
@@ -154,7 +155,7 @@ func (r *run) createOne(name, uuid string, minor *uint32, ro bool, table *string
 		}
 		_, ok := r.do("reload", lt, &control.Request{Op: control.OpLoad, Name: name, Table: *table, Dir: r.env.Dir})
 		if ok {
-			_, ok = r.do("resume", target{name: name}, &control.Request{Op: control.OpResume, Name: name})
+			_, ok = r.do("resume", target{name: name}, &control.Request{Op: control.OpResume, Name: name, ReadAhead: r.o.val("readahead")})
 		}
 		if !ok {
 			if resp := r.call(&control.Request{Op: control.OpRemove, Name: name}); resp == nil || resp.Error != "" {
@@ -293,7 +294,8 @@ func (r *run) suspend(args []string, _ bool) bool {
 }
 
 func (r *run) resume(args []string, _ bool) bool {
-	return r.simple("resume", args, control.Request{Op: control.OpResume, NoFlush: r.o.on("noflush"), NoLockFS: r.o.on("nolockfs")})
+	return r.simple("resume", args, control.Request{Op: control.OpResume, NoFlush: r.o.on("noflush"), NoLockFS: r.o.on("nolockfs"),
+		ReadAhead: r.o.val("readahead")})
 }
 
 func (r *run) clear(args []string, _ bool) bool {

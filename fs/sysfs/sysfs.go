@@ -25,9 +25,13 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,11 +42,13 @@ import (
 )
 
 // entry is one name in a folder of the tree: a folder (children), a link
-// (target) or a file (content).
+// (target) or a file (content), writable if it has store.
 type entry struct {
 	children func() map[string]entry
 	target   string
 	content  func() string
+	// store takes what is written to the file, as one write(2).
+	store func(string) syscall.Errno
 }
 
 func dir(f func() map[string]entry) entry { return entry{children: f} }
@@ -61,7 +67,7 @@ func Mount(mnt string, m *stack.Manager) (*Server, error) {
 		return nil, err
 	}
 	v := &view{mgr: m, mnt: mnt}
-	root := &node{path: "", e: dir(v.root)}
+	root := newNode("", dir(v.root))
 	zero := time.Duration(0)
 	srv, err := gofs.Mount(mnt, root, &gofs.Options{
 		EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
@@ -188,6 +194,8 @@ func (v *view) device(d *stack.Device) map[string]entry {
 				"use_blk_mq": text("0"),
 			}
 		}),
+		// libdevmapper reads and sets the read-ahead here.
+		"bdi":     dir(func() map[string]entry { return map[string]entry{"read_ahead_kb": readAheadKB(d)} }),
 		"holders": dir(func() map[string]entry { return v.holders(d) }),
 		"slaves":  dir(func() map[string]entry { return v.slaves(d) }),
 		"queue": dir(func() map[string]entry {
@@ -198,7 +206,7 @@ func (v *view) device(d *stack.Device) map[string]entry {
 				"minimum_io_size":     text("512"),
 				"optimal_io_size":     text("0"),
 				"rotational":          text("0"),
-				"read_ahead_kb":       text("128"),
+				"read_ahead_kb":       readAheadKB(d),
 				"max_sectors_kb":      text("1280"),
 				"discard_granularity": text(discardGran),
 				"discard_max_bytes":   text(discardMax),
@@ -206,6 +214,23 @@ func (v *view) device(d *stack.Device) map[string]entry {
 		}),
 	}
 	return out
+}
+
+// readAheadKB is the read-ahead file of d, in KiB, as
+// block/blk-sysfs.c's queue_ra_store takes it: a decimal number, rounded
+// down to whole pages.
+func readAheadKB(d *stack.Device) entry {
+	return entry{
+		content: func() string { return fmt.Sprintf("%d\n", d.ReadAhead()/2) },
+		store: func(s string) syscall.Errno {
+			kb, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
+			if err != nil || kb > math.MaxUint32/2 {
+				return syscall.EINVAL
+			}
+			d.SetReadAhead(uint32(kb*2), false)
+			return 0
+		},
+	}
 }
 
 // holders are the devices whose tables use d.
@@ -242,7 +267,17 @@ func (v *view) slaves(d *stack.Device) map[string]entry {
 type node struct {
 	gofs.Inode
 	path string
-	e    entry
+	// e is what the name stands for, as the last lookup found it: the
+	// kernel keeps an inode while the name stays (the same path, the same
+	// inode number), and a device removed and created again under the same
+	// minor must not be answered from the old one's entry.
+	e atomic.Pointer[entry]
+}
+
+func newNode(path string, e entry) *node {
+	n := &node{path: path}
+	n.e.Store(&e)
+	return n
 }
 
 var (
@@ -252,6 +287,8 @@ var (
 	_ gofs.NodeReadlinker = (*node)(nil)
 	_ gofs.NodeOpener     = (*node)(nil)
 	_ gofs.NodeReader     = (*node)(nil)
+	_ gofs.NodeWriter     = (*node)(nil)
+	_ gofs.NodeSetattrer  = (*node)(nil)
 )
 
 func (e entry) mode() uint32 {
@@ -260,6 +297,8 @@ func (e entry) mode() uint32 {
 		return syscall.S_IFDIR | 0o755
 	case e.target != "":
 		return syscall.S_IFLNK | 0o777
+	case e.store != nil:
+		return syscall.S_IFREG | 0o644
 	}
 	return syscall.S_IFREG | 0o444
 }
@@ -271,24 +310,32 @@ func ino(path string) uint64 {
 }
 
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	if n.e.children == nil {
+	ne := n.e.Load()
+	if ne.children == nil {
 		return nil, syscall.ENOTDIR
 	}
-	e, ok := n.e.children()[name]
+	e, ok := ne.children()[name]
 	if !ok {
 		return nil, syscall.ENOENT
 	}
 	p := n.path + "/" + name
-	child := &node{path: p, e: e}
 	fill(&out.Attr, e)
-	return n.NewInode(ctx, child, gofs.StableAttr{Mode: e.mode() & syscall.S_IFMT, Ino: ino(p)}), 0
+	// The kernel's inode for the path, if it still has one, is the node
+	// that answers for the name from now on: it takes the new entry.
+	if old := n.GetChild(name); old != nil {
+		if on, ok := old.Operations().(*node); ok && on.path == p {
+			on.e.Store(&e)
+		}
+	}
+	return n.NewInode(ctx, newNode(p, e), gofs.StableAttr{Mode: e.mode() & syscall.S_IFMT, Ino: ino(p)}), 0
 }
 
 func (n *node) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
-	if n.e.children == nil {
+	ne := n.e.Load()
+	if ne.children == nil {
 		return nil, syscall.ENOTDIR
 	}
-	kids := n.e.children()
+	kids := ne.children()
 	names := make([]string, 0, len(kids))
 	for name := range kids {
 		names = append(names, name)
@@ -316,29 +363,57 @@ func fill(a *fuse.Attr, e entry) {
 }
 
 func (n *node) Getattr(_ context.Context, _ gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	fill(&out.Attr, n.e)
+	fill(&out.Attr, *n.e.Load())
 	return 0
 }
 
 func (n *node) Readlink(context.Context) ([]byte, syscall.Errno) {
-	if n.e.target == "" {
+	e := n.e.Load()
+	if e.target == "" {
 		return nil, syscall.EINVAL
 	}
-	return []byte(n.e.target), 0
+	return []byte(e.target), 0
 }
 
 func (n *node) Open(_ context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	if n.e.content == nil {
+	e := n.e.Load()
+	if e.content == nil {
 		return nil, 0, syscall.EISDIR
 	}
-	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && e.store == nil {
 		return nil, 0, syscall.EACCES
 	}
 	return nil, fuse.FOPEN_DIRECT_IO, 0
 }
 
+// Write stores what a write(2) at the start of a writable file carries.
+func (n *node) Write(_ context.Context, _ gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	store := n.e.Load().store
+	if store == nil {
+		return 0, syscall.EACCES
+	}
+	if off != 0 {
+		return 0, syscall.EINVAL
+	}
+	if e := store(string(data)); e != 0 {
+		return 0, e
+	}
+	return uint32(len(data)), 0
+}
+
+// Setattr takes the truncation of an open with O_TRUNC (as sysfs ignores
+// it) and refuses everything else.
+func (n *node) Setattr(_ context.Context, _ gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	e := n.e.Load()
+	if in.Valid&^(fuse.FATTR_SIZE|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER) != 0 || e.store == nil {
+		return syscall.EPERM
+	}
+	fill(&out.Attr, *e)
+	return 0
+}
+
 func (n *node) Read(_ context.Context, _ gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	s := n.e.content()
+	s := n.e.Load().content()
 	if off >= int64(len(s)) {
 		return fuse.ReadResultData(nil), 0
 	}
