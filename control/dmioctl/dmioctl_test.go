@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -607,4 +608,47 @@ func lookCC() (string, error) { return exec.LookPath("cc") }
 func runCmd(name string, args ...string) (string, error) {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	return string(out), err
+}
+
+// countingExporter exports every device as 7:minor with users users of its
+// block device, and counts the scans (Users calls).
+type countingExporter struct {
+	users int32
+	scans atomic.Int32
+}
+
+func (x *countingExporter) Block(d *stack.Device) (uint32, uint32, bool) { return 7, d.Minor(), true }
+func (x *countingExporter) Users(*stack.Device) (int32, int32) {
+	x.scans.Add(1)
+	return x.users, 1
+}
+func (x *countingExporter) Lookup(uint32, uint32) *stack.Device { return nil }
+func (x *countingExporter) Freeze(*stack.Device) error          { return nil }
+func (x *countingExporter) Thaw(*stack.Device) error            { return nil }
+
+// TestOpenCountSkipBdget: DEV_STATUS reports the users of the exported
+// block device, which takes a scan; with DM_SKIP_BDGET_FLAG (libdevmapper's
+// noopencount) it leaves the scan out and counts the tables stacked on the
+// device and the handles of its file.
+func TestOpenCountSkipBdget(t *testing.T) {
+	e := newEnv(t)
+	x := &countingExporter{users: 2}
+	e.mgr.SetExporter(x)
+	e.must(CmdDevCreate, req{name: "a"})
+	e.must(CmdTableLoad, load("a", spec{0, 8, "zero", ""}))
+	e.must(CmdDevSuspend, req{name: "a"})
+	e.must(CmdDevCreate, req{name: "b"})
+	e.must(CmdTableLoad, load("b", spec{0, 8, "linear", "a 0"}))
+	e.must(CmdDevSuspend, req{name: "b"})
+	a := e.mgr.Lookup("a")
+	a.AddOpen(2) // the loop device's handle and one more
+	defer a.AddOpen(-2)
+	x.scans.Store(0)
+	if p := e.must(CmdDevStatus, req{name: "a"}); p.u32(offOpenCount) != 1+1+2 || x.scans.Load() != 1 {
+		t.Errorf("open count %d with %d scans, want 4 (a table, a handle, two block device users) with 1", p.u32(offOpenCount), x.scans.Load())
+	}
+	x.scans.Store(0)
+	if p := e.must(CmdDevStatus, req{name: "a", flags: FlagSkipBdget}); p.u32(offOpenCount) != 1+1 || x.scans.Load() != 0 {
+		t.Errorf("with DM_SKIP_BDGET_FLAG: open count %d with %d scans, want 2 with none", p.u32(offOpenCount), x.scans.Load())
+	}
 }

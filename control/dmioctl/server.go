@@ -274,7 +274,14 @@ func (s *Server) status(d *stack.Device, p param) {
 		p.orFlags(FlagDeferredRemove)
 	}
 	p.setDev(EncodeDev(d.Major(), d.Minor()))
-	p.setU32(offOpenCount, uint32(s.mgr.OpenCount(d)))
+	// DM_SKIP_BDGET_FLAG is libdevmapper's "noopencount": the caller does
+	// not read the count (the kernel fills it anyway), so the scan of every
+	// process for the users of the exported block device is left out.
+	if p.has(FlagSkipBdget) {
+		p.setU32(offOpenCount, uint32(s.mgr.FileOpenCount(d)))
+	} else {
+		p.setU32(offOpenCount, uint32(s.mgr.OpenCount(d)))
+	}
 	p.setU32(offEventNr, d.EventNr())
 	p.setU32(offTargetCount, 0)
 	inactive := p.has(FlagQueryInactive)
