@@ -6,9 +6,11 @@
 // machinery of their own live in packages of their own, written against this
 // package's public target API: delay (and its scheduler), multipath (with the
 // path selectors of package selectors), log-writes (package logwrites, with
-// its log format and replay-log), powercut, and thin-pool and thin (package
+// its log format and replay-log), powercut, thin-pool and thin (package
 // thin, with the kernel's metadata format in thin/metadata over the
-// persistent-data library in package persistent). Package targets lists
+// persistent-data library in package persistent), and snapshot,
+// snapshot-origin and snapshot-merge (package snapshot, with the kernel's
+// exception store). Package targets lists
 // every target type; the counters are package stats'.
 //
 // The Manager's verbs each have a file named after them: create.go,

@@ -31,6 +31,7 @@ type fileDev struct {
 	// write-zeroes (claim.go); -1 for a file or a read-only device.
 	excl   int
 	limits Limits
+	key    any // DeviceKey's answer
 }
 
 var (
@@ -62,6 +63,9 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 	// whose file system has fallocate; fileDev falls back by itself where
 	// ZERO_RANGE is missing). A block device takes what its queue says.
 	d := &fileDev{f: f, fd: int(f.Fd()), name: name, excl: -1, limits: Limits{Discard: true, WriteZeroes: true}}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		d.key = fileKey{dev: sys.Dev, ino: sys.Ino}
+	}
 	switch {
 	case st.Mode().IsRegular():
 		d.size = st.Size()
@@ -82,6 +86,7 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 		d.size, d.block, d.asyncRead = int64(sz), true, true
 		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 			d.rdev = sys.Rdev
+			d.key = blockKey(sys.Rdev)
 			d.limits = blockLimits(unix.Major(uint64(sys.Rdev)), unix.Minor(uint64(sys.Rdev)))
 			// Tables print a block device by its number, as the kernel's
 			// do, whatever path named it.
@@ -232,4 +237,28 @@ func (d *fileDev) Close() error {
 		releaseBlock(d.rdev)
 	}
 	return d.f.Close()
+}
+
+// fileKey and blockKey are the identities of a regular file and of a block
+// device (DeviceKey).
+type (
+	fileKey  struct{ dev, ino uint64 }
+	blockKey uint64
+)
+
+// DeviceKey returns a comparable value that two BlockDevices share exactly
+// when they are the same device, however a table named them: a mapped
+// device of the manager (by name, number, or its exported block device),
+// a block device (by number) or a regular file (by file system and inode).
+// Any other BlockDevice is its own key. Targets that must tell devices
+// apart use it, as the kernel compares struct block_device pointers (a
+// snapshot's origin and COW device).
+func DeviceKey(bd BlockDevice) any {
+	if d, ok := MappedDevice(bd); ok {
+		return d
+	}
+	if f, ok := bd.(*fileDev); ok && f.key != nil {
+		return f.key
+	}
+	return bd
 }

@@ -113,3 +113,35 @@ func TestMessageWithoutLiveTable(t *testing.T) {
 		t.Errorf("the core got %q", core)
 	}
 }
+
+// TestStackOnInactiveTable: a table may name a device that has only an
+// inactive table, as libdevmapper's preload makes a snapshot origin's -real
+// device and resumes it after the tables above it: its areas are checked
+// against that table's size, its I/O fails with ENXIO until the device
+// below is resumed, then reaches it. A device with no table at all is
+// still refused.
+func TestStackOnInactiveTable(t *testing.T) {
+	m, _ := newExportManager(t)
+	mustCreate(t, m, "real", "")
+	if err := m.Load("real", "0 64 zero", ""); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, m, "empty", "")
+	if _, err := m.Create(CreateOptions{Name: "x", Minor: -1, Table: "0 8 linear empty 0"}); err == nil || !strings.Contains(err.Error(), "empty has no live table") {
+		t.Errorf("over a device without a table: %v", err)
+	}
+	if _, err := m.Create(CreateOptions{Name: "big", Minor: -1, Table: "0 128 linear real 0"}); err == nil || !strings.Contains(err.Error(), "too small for target") {
+		t.Errorf("past the inactive table's size: %v", err)
+	}
+	top := mustCreate(t, m, "top", "0 64 linear real 0")
+	p := make([]byte, 512)
+	if _, err := top.ReadAt(context.Background(), p, 0); !errors.Is(err, syscall.ENXIO) {
+		t.Errorf("read before the device below is resumed: %v", err)
+	}
+	if err := m.Resume("real", Flags{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := top.ReadAt(context.Background(), p, 0); err != nil {
+		t.Errorf("read once it is: %v", err)
+	}
+}

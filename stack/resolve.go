@@ -175,7 +175,7 @@ func (m *Manager) useMapped(self, d *Device) (BlockDevice, error) {
 	if d.dependsOn(self) {
 		return nil, Errorf("%s already stacks on %s: a loop", d.Name(), self.Name())
 	}
-	if d.Live() == nil {
+	if d.Live() == nil && d.Inactive() == nil {
 		return nil, Errorf("Device lookup failed: %s has no live table", d.Name())
 	}
 	d.holders.Add(1)
@@ -195,6 +195,20 @@ type mappedRef struct {
 // tables name every device (format_dev_t), so that the text names the same
 // device whatever it is called later.
 func (r *mappedRef) Name() string { return r.Device.DevNo() }
+
+// Size is the device's size, or, while it has only an inactive table (made
+// and loaded, to be resumed after the tables that stack on it, as
+// libdevmapper's preload does with a snapshot origin's -real device), that
+// table's: the kernel checks a table's areas at resume, when the device
+// below is live.
+func (r *mappedRef) Size() int64 {
+	if r.Device.Live() == nil {
+		if t := r.Device.Inactive(); t != nil {
+			return t.Size()
+		}
+	}
+	return r.Device.Size()
+}
 
 func (r *mappedRef) Close() error {
 	if !r.closed {

@@ -31,6 +31,9 @@ func All() []Entry {
 		powercut,
 		thinPool,
 		thin,
+		snapshotEntry,
+		snapshotOriginEntry,
+		snapshotMergeEntry,
 	}
 }
 
