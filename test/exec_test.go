@@ -220,6 +220,7 @@ lvcreate -y --type thin-pool -L 64M -n pool %[1]s
 lvcreate -y -V 128M -T %[1]s/pool -n thin
 mkfs.ext4 -q /dev/%[1]s/thin
 mount /dev/%[1]s/thin %[4]s && echo thin-data > %[4]s/f && umount %[4]s
+lvcreate -y -s %[1]s/thin -n tsnap
 vgchange -an %[1]s
 vgchange -ay %[1]s
 mount /dev/%[1]s/lin %[4]s && cat %[4]s/f && umount %[4]s
@@ -229,10 +230,10 @@ vgs --noheadings -o vg_name,pv_count,lv_count %[1]s
 pvs --noheadings -o pv_name,vg_name`, vg, l1, l2, mnt))
 	// lvm ran thin_check on the pool's metadata as it activated it, and a
 	// check now finds it clean.
-	e.mustExec(fmt.Sprintf(`set -e; lvchange -an %[1]s/pool %[1]s/thin
+	e.mustExec(fmt.Sprintf(`set -e; lvchange -an %[1]s/pool %[1]s/thin %[1]s/tsnap
 lvchange -ay -y -K %[1]s/pool_tmeta; thin_check /dev/mapper/%[1]s-pool_tmeta; lvchange -an -y %[1]s/pool_tmeta`, vg))
 	out := e.mustExec(fmt.Sprintf("lvs --noheadings -o lv_name %s", vg))
-	for _, lv := range []string{"lin", "striped", "xfs", "pool", "thin"} {
+	for _, lv := range []string{"lin", "striped", "xfs", "pool", "thin", "tsnap"} {
 		if !strings.Contains(out, lv) {
 			t.Errorf("lvs lacks %s:\n%s", lv, out)
 		}
@@ -249,11 +250,83 @@ vgchange -ay %[1]s
 mount /dev/%[1]s/lin %[2]s && cat %[2]s/f && umount %[2]s
 mount /dev/%[1]s/thin %[2]s && cat %[2]s/f && umount %[2]s
 e2fsck -fn /dev/%[1]s/thin >/dev/null
-lvremove -y %[1]s/thin %[1]s/pool %[1]s/lin %[1]s/striped %[1]s/xfs
+lvremove -y %[1]s/tsnap %[1]s/thin %[1]s/pool %[1]s/lin %[1]s/striped %[1]s/xfs
 vgremove -y %[1]s`, vg, mnt))
 	if !strings.Contains(out, "linear-data") || !strings.Contains(out, "thin-data") {
 		t.Errorf("data after a new daemon:\n%s", out)
 	}
+}
+
+// TestExecLVMSnapshot: lvm's classic snapshots under dmfuse exec: lvcreate
+// -s builds the kernel's stack (-real, -cow, snapshot-origin, snapshot);
+// the snapshot mounts with the data of its time while the origin changes;
+// lvs reports its usage as the status line gives it; lvextend grows the
+// COW (a reload that hands the exceptions over); lvconvert --merge rolls
+// the origin back and leaves a plain volume.
+func TestExecLVMSnapshot(t *testing.T) {
+	e := newExecEnv(t, "/usr/sbin/lvm")
+	l1 := e.loop("pv", 300<<20)
+	e.lvmFilter(l1)
+	vg := strings.ReplaceAll(e.name("vg"), "-", "_")
+	mnt := filepath.Join(e.dir, "mnt")
+	os.MkdirAll(mnt, 0o755)
+	t.Cleanup(func() {
+		e.exec(fmt.Sprintf("umount %s 2>/dev/null; vgremove -ff -y %s; pvremove -ff -y %s", mnt, vg, l1))
+	})
+	out := e.mustExec(fmt.Sprintf(`set -ex
+pvcreate -y %[2]s
+vgcreate %[1]s %[2]s
+lvcreate -y -L 64M -n lv %[1]s
+mkfs.ext4 -q /dev/%[1]s/lv
+mount /dev/%[1]s/lv %[3]s && echo before > %[3]s/f && umount %[3]s
+lvcreate -y -s -L 16M -n snap %[1]s/lv
+dmsetup table | sort
+mount /dev/%[1]s/lv %[3]s && echo after > %[3]s/f && dd if=/dev/urandom of=%[3]s/big bs=1M count=4 status=none && umount %[3]s
+echo "lvs: $(lvs --noheadings -o lv_attr,data_percent %[1]s/snap)"
+echo "status: $(dmsetup status %[1]s-snap)"
+mount -o ro /dev/%[1]s/snap %[3]s && cat %[3]s/f && umount %[3]s
+lvextend -y -L 24M %[1]s/snap
+echo "extended: $(dmsetup status %[1]s-snap)"
+lvconvert --merge -i 1 %[1]s/snap
+lvs --noheadings -o lv_name,lv_attr %[1]s
+dmsetup table %[1]s-lv
+mount /dev/%[1]s/lv %[3]s && echo "merged: $(cat %[3]s/f) $(ls %[3]s | tr '\n' ' ')" && umount %[3]s`, vg, l1, mnt))
+	for _, want := range []string{
+		vg + "-lv: 0 131072 snapshot-origin 240:", vg + "-lv-real: 0 131072 linear 7:", vg + "-snap-cow: 0 32768 linear 7:",
+		"\nbefore\n", "Merge of snapshot into logical volume " + vg + "/lv has finished.", "\n0 131072 linear 7:",
+		"merged: before f lost+found \n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// lvs's Data%% is the status line's used/total.
+	var attr string
+	var pct, used, total, meta float64
+	lvs := lineWith(out, "lvs: ")
+	st := lineWith(out, "status: ")
+	if _, err := fmt.Sscanf(strings.TrimPrefix(lvs, "lvs: "), "%s %f", &attr, &pct); err != nil || !strings.HasPrefix(attr, "s") {
+		t.Fatalf("lvs line %q: %v", lvs, err)
+	}
+	if _, err := fmt.Sscanf(st[strings.Index(st, "snapshot ")+9:], "%f/%f %f", &used, &total, &meta); err != nil {
+		t.Fatalf("status line %q: %v", st, err)
+	}
+	if want := used * 100 / total; fmt.Sprintf("%.2f", pct) != fmt.Sprintf("%.2f", want) {
+		t.Errorf("lvs Data%% %.2f, status %s gives %.2f", pct, st, want)
+	}
+	if ext := lineWith(out, "extended: "); !strings.Contains(ext, fmt.Sprintf("/%d ", 24<<11)) {
+		t.Errorf("after lvextend of the snapshot: %q", ext)
+	}
+}
+
+// lineWith returns the first line of out that starts with prefix.
+func lineWith(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
 }
 
 // TestExecCryptsetupKpartx: cryptsetup formats, dumps and adds keys on a

@@ -84,3 +84,47 @@ func allLocal() string {
 	}
 	return b.String()
 }
+
+// TestAttachClearsStaleReadOnly: a loop device whose block device a former
+// user left read-only (BLKROSET outlives attachments) is writable once
+// attached for a writable device, and read-only for a read-only one.
+func TestAttachClearsStaleReadOnly(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("no /dev/loop-control")
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ro := range []bool{false, true} {
+		l, err := attachLoop(img, ro)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Leave it read-only behind, then attach again: the same free
+		// loop device comes back unless another test took it.
+		if err := setReadOnly(l.path, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := detachLoop(l.path); err != nil {
+			t.Fatal(err)
+		}
+		l, err = attachLoop(img, ro)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(l.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := unix.IoctlGetInt(int(f.Fd()), unix.BLKROGET)
+		f.Close()
+		detachLoop(l.path)
+		if err != nil || (got == 1) != ro {
+			t.Errorf("attached with ro=%v: BLKROGET %d, %v", ro, got, err)
+		}
+	}
+}

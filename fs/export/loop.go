@@ -66,6 +66,12 @@ func attachLoop(path string, ro bool) (*loopDev, error) {
 		if err == nil {
 			err = unix.Fstat(int(lf.Fd()), &st)
 		}
+		if err == nil {
+			// The block device's own read-only flag (BLKROSET) outlives
+			// the loop device's attachments: one that a former user of
+			// this loop device set would make it read-only still.
+			err = blkROSet(int(lf.Fd()), ro)
+		}
 		lf.Close()
 		if errors.Is(err, syscall.EBUSY) && tries < 16 {
 			continue
@@ -123,12 +129,20 @@ func setReadOnly(dev string, ro bool) error {
 		return err
 	}
 	defer f.Close()
+	if err := blkROSet(int(f.Fd()), ro); err != nil {
+		return fmt.Errorf("%s: %w", dev, err)
+	}
+	return nil
+}
+
+// blkROSet sets the read-only flag of the block device open on fd.
+func blkROSet(fd int, ro bool) error {
 	v := int32(0)
 	if ro {
 		v = 1
 	}
-	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKROSET, uintptr(unsafe.Pointer(&v))); e != 0 {
-		return fmt.Errorf("%s: BLKROSET: %w", dev, e)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKROSET, uintptr(unsafe.Pointer(&v))); e != 0 {
+		return fmt.Errorf("BLKROSET: %w", e)
 	}
 	return nil
 }
