@@ -125,10 +125,19 @@ func (o *origin) cowOut(ctx context.Context, abs int64) {
 		s.mu.Unlock()
 		mine = append(mine, pe)
 	}
-	for _, pe := range mine {
-		pe.s.finish(pe, pe.s.copyChunk(ctx, pe.chunk, pe.new))
+	// The copies into different snapshots go on side by side, as kcopyd
+	// runs them; each commits on its own store.
+	for i, pe := range mine {
+		if i == len(mine)-1 {
+			pe.s.finish(pe, pe.s.copyChunk(ctx, pe.chunk, pe.new))
+			break
+		}
+		go func() { pe.s.finish(pe, pe.s.copyChunk(ctx, pe.chunk, pe.new)) }()
 	}
-	for _, pe := range append(mine, waits...) {
+	for _, pe := range mine {
+		<-pe.done
+	}
+	for _, pe := range waits {
 		<-pe.done
 	}
 }

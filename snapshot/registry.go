@@ -4,6 +4,7 @@ import (
 	"log"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dmfuse/dmfuse/stack"
 )
@@ -42,8 +43,12 @@ type origin struct {
 	// snapshot-origins); the entry goes with the last.
 	refs int
 	// snaps are the registered snapshot and snapshot-merge targets,
-	// largest chunk first (__insert_snapshot); guarded by reg.mu.
-	snaps []*snap
+	// largest chunk first (__insert_snapshot): changed under reg.mu, as a
+	// new slice each time, so that writes read the list without a lock.
+	snaps atomic.Pointer[[]*snap]
+	// min is minChunk's answer for the list as it is (recomputed under
+	// reg.mu when it changes).
+	min atomic.Uint32
 	// io is held shared by every write that may copy chunks out (origin
 	// writes, a merge's chunk) and exclusively by a handover while it
 	// moves a store, as the kernel suspends the origin's device around it
@@ -59,6 +64,7 @@ func (r *registry) get(key any) *origin {
 	o := r.origins[key]
 	if o == nil {
 		o = &origin{reg: r, key: key}
+		o.min.Store(1 << 31)
 		r.origins[key] = o
 	}
 	o.refs++
@@ -75,54 +81,67 @@ func (o *origin) put() {
 	}
 }
 
-// snapshots returns the registered snapshots, in list order.
+// snapshots returns the registered snapshots, in list order; the caller
+// must not change the slice.
 func (o *origin) snapshots() []*snap {
-	o.reg.mu.Lock()
-	defer o.reg.mu.Unlock()
-	return append([]*snap(nil), o.snaps...)
+	if p := o.snaps.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// set publishes a new list; the caller holds reg.mu.
+func (o *origin) set(l []*snap) {
+	o.snaps.Store(&l)
+	o.resetMin()
 }
 
 // insert adds s in chunk order (largest first, after those of its size);
 // the caller holds reg.mu.
 func (o *origin) insert(s *snap) {
+	old := o.snapshots()
 	cs := s.chunkSize()
-	i := sort.Search(len(o.snaps), func(i int) bool { return o.snaps[i].chunkSize() < cs })
-	o.snaps = append(o.snaps, nil)
-	copy(o.snaps[i+1:], o.snaps[i:])
-	o.snaps[i] = s
+	i := sort.Search(len(old), func(i int) bool { return old[i].chunkSize() < cs })
+	l := make([]*snap, 0, len(old)+1)
+	l = append(append(append(l, old[:i]...), s), old[i:]...)
+	o.set(l)
 }
 
 // remove takes s out of the list; the caller holds reg.mu.
 func (o *origin) remove(s *snap) {
-	for i, x := range o.snaps {
-		if x == s {
-			o.snaps = append(o.snaps[:i], o.snaps[i+1:]...)
-			return
+	old := o.snapshots()
+	l := make([]*snap, 0, len(old))
+	for _, x := range old {
+		if x != s {
+			l = append(l, x)
 		}
 	}
+	o.set(l)
+}
+
+// resetMin recomputes minChunk after the list or a chunk size changed; the
+// caller holds reg.mu.
+func (o *origin) resetMin() {
+	m := uint32(1 << 31)
+	for _, s := range o.snapshots() {
+		if cs := s.chunkSize(); cs != 0 && cs < m {
+			m = cs
+		}
+	}
+	o.min.Store(m)
 }
 
 // minChunk is __minimum_chunk_size: the smallest chunk size of the
 // registered snapshots (0 for a pending handover destination is skipped),
 // 2^31 sectors with none.
-func (o *origin) minChunk() uint32 {
-	o.reg.mu.Lock()
-	defer o.reg.mu.Unlock()
-	m := uint32(1 << 31)
-	for _, s := range o.snaps {
-		if cs := s.chunkSize(); cs != 0 && cs < m {
-			m = cs
-		}
-	}
-	return m
-}
+func (o *origin) minChunk() uint32 { return o.min.Load() }
 
 // sharing is __find_snapshots_sharing_cow for s (registered or not): the
 // count of registered snapshots on its COW device, the last active one
 // (source), the last inactive one (destination), and a snapshot-merge
 // target of the origin, if any. The caller holds reg.mu.
 func (o *origin) sharing(s *snap) (count int, src, dest, merge *snap) {
-	for _, x := range o.snaps {
+	for _, x := range o.snapshots() {
 		if x.isMerge {
 			merge = x
 		}

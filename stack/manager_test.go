@@ -118,8 +118,9 @@ func TestMessageWithoutLiveTable(t *testing.T) {
 // inactive table, as libdevmapper's preload makes a snapshot origin's -real
 // device and resumes it after the tables above it: its areas are checked
 // against that table's size, its I/O fails with ENXIO until the device
-// below is resumed, then reaches it. A device with no table at all is
-// still refused.
+// below is resumed, then reaches it; a table over a device reloaded larger
+// is checked against the new size. A device with no table at all is still
+// refused.
 func TestStackOnInactiveTable(t *testing.T) {
 	m, _ := newExportManager(t)
 	mustCreate(t, m, "real", "")
@@ -143,5 +144,13 @@ func TestStackOnInactiveTable(t *testing.T) {
 	}
 	if _, err := top.ReadAt(context.Background(), p, 0); err != nil {
 		t.Errorf("read once it is: %v", err)
+	}
+	// A resize: the device below is reloaded larger, and a table over it
+	// is loaded at the new size before both are resumed.
+	if err := m.Load("real", "0 128 zero", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Load("top", "0 128 linear real 0", ""); err != nil {
+		t.Errorf("a table over the reloaded size: %v", err)
 	}
 }

@@ -103,10 +103,20 @@ func LookupError(err error) error {
 
 // CheckArea fails when [off, off+n) sectors does not lie inside dev, in the
 // words of drivers/md/dm-table.c: device_area_is_invalid. dm checks this at
-// resume; dmfuse checks it when the table is built. Like dm, a device that
+// resume; dmfuse checks it when the table is built, so a mapped device with
+// an inactive table counts with the larger of its two tables' sizes: the
+// one it will have once resumed, as a resize reloads the devices below
+// before it resumes them all from the bottom up (lvextend of a thin pool's
+// data device, a snapshot origin's -real device). Like dm, a device that
 // reports size 0 is not checked.
 func CheckArea(dev BlockDevice, off, n int64) error {
-	size := dev.Size() / SectorSize
+	size := dev.Size()
+	if r, ok := dev.(*mappedRef); ok {
+		if t := r.Device.Inactive(); t != nil {
+			size = max(size, t.Size())
+		}
+	}
+	size /= SectorSize
 	if size == 0 {
 		return nil
 	}

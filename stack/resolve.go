@@ -196,20 +196,6 @@ type mappedRef struct {
 // device whatever it is called later.
 func (r *mappedRef) Name() string { return r.Device.DevNo() }
 
-// Size is the device's size, or, while it has only an inactive table (made
-// and loaded, to be resumed after the tables that stack on it, as
-// libdevmapper's preload does with a snapshot origin's -real device), that
-// table's: the kernel checks a table's areas at resume, when the device
-// below is live.
-func (r *mappedRef) Size() int64 {
-	if r.Device.Live() == nil {
-		if t := r.Device.Inactive(); t != nil {
-			return t.Size()
-		}
-	}
-	return r.Device.Size()
-}
-
 func (r *mappedRef) Close() error {
 	if !r.closed {
 		r.closed = true

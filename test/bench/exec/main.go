@@ -156,7 +156,9 @@ func run(w io.Writer, rounds, files, ioctls, calls, lvs int) error {
 		return err
 	}
 	u.Push(func() {
-		exec.Command(b.bin, "stop", "--force").Run()
+		stop := exec.Command(b.bin, "stop", "--force")
+		stop.Env = b.env
+		stop.Run()
 	})
 	fmt.Fprintf(w, "exec bench: kernel %s, %d CPUs, %s\n\n", benchkit.Kernel(), runtimeCPUs(), time.Now().UTC().Format("2006-01-02"))
 
