@@ -40,7 +40,14 @@ cleanup() {
 	awk -v w="$work/" 'index($2, w) == 1 { print $2 }' /proc/self/mounts | sort -r |
 		while read -r m; do umount -l "$m" || true; done
 	"$work/dmfuse" stop --force >/dev/null 2>&1 || true
-	for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null || true; done
+	# What ran under dmfuse exec (dmeventd) lets go of the devices a
+	# moment after the stop.
+	for l in "${loops[@]}"; do
+		for _ in 1 2 3 4 5 6 7 8 9 10; do
+			losetup -d "$l" 2>/dev/null && break
+			sleep 0.5
+		done
+	done
 	rm -rf "$work"
 }
 trap cleanup EXIT
