@@ -263,3 +263,54 @@ func (t *Target) Close() error {
 	}
 	return nil
 }
+
+// Shared returns the scheduler on the real clock that the delay targets of
+// c's Manager share (made with the first), for targets of other packages
+// that wait as delay's do.
+func Shared(c *stack.Ctor) (*Scheduler, error) {
+	v, err := c.Shared.Get(schedulerKey{}, func() (any, error) { return NewRealScheduler() })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Scheduler), nil
+}
+
+// Classes of the requests a Queue delays: each waits in its own list, in
+// deadline order.
+const (
+	ClassRead  = classRead
+	ClassWrite = classWrite
+	ClassFlush = classFlush
+)
+
+// Queue is one target's queue of delayed requests on a Scheduler, for
+// targets of other packages: any delay per request, released at its
+// deadline within the scheduler's accuracy.
+type Queue struct{ q *queue }
+
+// NewQueue returns a queue on s; Close it with its target.
+func (s *Scheduler) NewQueue() *Queue { return &Queue{q: newQueue(s)} }
+
+// Wait delays the calling request of class c (ClassRead, ClassWrite or
+// ClassFlush) by d nanoseconds from the call; d <= 0 returns at once. It
+// returns at once between Release and Resume. If ctx ends first it
+// returns an error wrapping EINTR.
+func (q *Queue) Wait(ctx context.Context, c int, d int64) error {
+	if d <= 0 {
+		return nil
+	}
+	return q.q.wait(ctx, c, d)
+}
+
+// Release lets every waiting request go at once and stops delaying until
+// Resume (a presuspend).
+func (q *Queue) Release() { q.q.flush() }
+
+// Resume delays again after Release.
+func (q *Queue) Resume() { q.q.resume() }
+
+// Now is the scheduler's clock, in nanoseconds.
+func (q *Queue) Now() int64 { return q.q.s.clock.Nanotime() }
+
+// Close gives the queue up; no request may wait in it any more.
+func (q *Queue) Close() { q.q.close() }

@@ -354,3 +354,10 @@ func (r *Registry) Types() []*TargetType {
 func (t *TargetType) FormatVersion() string {
 	return fmt.Sprintf("%-16s v%d.%d.%d", t.Name, t.Version[0], t.Version[1], t.Version[2])
 }
+
+// EventLogger is implemented by targets that keep a log of what they did to
+// the I/O (the fault target's injected faults). The fs layer serves it as
+// MOUNTPOINT/stats/NAME/events: AppendEvents appends the log's text.
+type EventLogger interface {
+	AppendEvents(b []byte) []byte
+}

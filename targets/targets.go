@@ -34,6 +34,7 @@ func All() []Entry {
 		snapshotEntry,
 		snapshotOriginEntry,
 		snapshotMergeEntry,
+		faultEntry,
 	}
 }
 
