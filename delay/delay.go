@@ -309,6 +309,17 @@ func (q *Queue) Release() { q.q.flush() }
 // Resume delays again after Release.
 func (q *Queue) Resume() { q.q.resume() }
 
+// Waiting is the number of requests waiting in q now.
+func (q *Queue) Waiting() int {
+	q.q.mu.Lock()
+	defer q.q.mu.Unlock()
+	n := 0
+	for c := range q.q.mu.lists {
+		n += q.q.mu.lists[c].n
+	}
+	return n
+}
+
 // Now is the scheduler's clock, in nanoseconds.
 func (q *Queue) Now() int64 { return q.q.s.clock.Nanotime() }
 

@@ -558,3 +558,45 @@ func TestContinuingHint(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueueSpinnerThenParked: in a Queue, whose requests have delays of
+// their own, a parked request queued behind a spinning one is handed to
+// the scheduler when the spinner leaves at its deadline (it was not the
+// head when it was queued, so nothing had scheduled it).
+func TestQueueSpinnerThenParked(t *testing.T) {
+	r := newRig(t)
+	r.clock.lead.Store(ms)
+	q := r.s.NewQueue()
+	t.Cleanup(q.Close)
+	queued := func(n int) {
+		for i := 0; ; i++ {
+			q.q.mu.Lock()
+			got := q.q.mu.lists[ClassRead].n
+			q.q.mu.Unlock()
+			if got == n {
+				return
+			}
+			if i > 10_000_000 {
+				t.Fatalf("%d queued, want %d", got, n)
+			}
+			runtime.Gosched()
+		}
+	}
+	ctx := context.Background()
+	short := r.start(func(ctx context.Context) error { return q.Wait(ctx, ClassRead, ms/2) }, ctx)
+	queued(1)
+	long := r.start(func(ctx context.Context) error { return q.Wait(ctx, ClassRead, 5*ms) }, ctx)
+	queued(2)
+	r.clock.Advance(time.Duration(ms / 2))
+	if err := short.result(t); err != nil {
+		t.Fatal(err)
+	}
+	// The scheduler wakes the clock's Lead before a parked deadline.
+	if d := r.clock.Settle(); d != long.issued+5*ms-ms {
+		t.Fatalf("after the spinner left, the scheduler waits until %d, want %d", d, long.issued+5*ms-ms)
+	}
+	r.clock.Advance(time.Duration(5 * ms))
+	if err := long.result(t); err != nil {
+		t.Fatal(err)
+	}
+}

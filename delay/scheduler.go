@@ -419,9 +419,8 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 	l.insert(w)
 	if l.head == w && long {
 		// A short request needs no scheduler: it spins, and leaves the
-		// queue at its deadline unless released first. All requests of
-		// a class have the same delay, so they still leave in the order
-		// they came.
+		// queue at its deadline unless released first (and hands the
+		// scheduler a parked request queued behind it).
 		q.s.schedule(q, w.deadline)
 	}
 	q.mu.Unlock()
@@ -439,6 +438,7 @@ func (q *queue) wait(ctx context.Context, c int, d int64) error {
 			q.mu.Lock()
 			if w.state == stateQueued {
 				l.remove(w)
+				q.scheduleLongLocked(l)
 				q.mu.Unlock()
 				waiterPool.Put(w)
 				return nil
@@ -502,10 +502,27 @@ func (q *queue) cancel(w *waiter) {
 		q.mu.Unlock()
 		return
 	}
-	q.mu.lists[w.class].remove(w)
+	l := &q.mu.lists[w.class]
+	l.remove(w)
+	q.scheduleLongLocked(l)
 	w.state = stateCancelled
 	q.mu.Unlock()
 	w.signal()
+}
+
+// scheduleLongLocked hands the scheduler the first request of l that
+// parks, after a request left l by itself (a spinner at its deadline, a
+// cancelled one): with delays that differ (a Queue's), a parked request
+// may be queued behind one that spins, and only a head is scheduled when
+// it is queued. The caller holds q.mu.
+func (q *queue) scheduleLongLocked(l *list) {
+	lead := q.s.clock.Lead()
+	for w := l.head; w != nil; w = w.next {
+		if w.delay > lead {
+			q.s.schedule(q, w.deadline)
+			return
+		}
+	}
 }
 
 // collectLocked detaches every request with deadline <= now, appends them to

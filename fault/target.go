@@ -32,7 +32,7 @@ func NewType(s *delay.Scheduler) *stack.TargetType {
 // Target is a constructed fault target.
 type Target struct {
 	*engine
-	remap  stack.Remap
+	remap stack.Remap
 }
 
 var (

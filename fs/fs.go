@@ -7,6 +7,7 @@
 //	  stats/diskstats      one line per device, /proc/diskstats format
 //	  stats/NAME/stat      /sys/block/NAME/stat format
 //	  stats/NAME/inflight  /sys/block/NAME/inflight format
+//	  stats/NAME/events    the event log of a target that keeps one (fault)
 //
 // The package is a thin adapter: it decodes a request, calls the device and
 // turns the error into an errno once. Device files are opened with

@@ -101,6 +101,11 @@ func (s *devStatsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOu
 			snap := s.dev.Disk().Snapshot()
 			return stats.AppendInflight(b, &snap)
 		}, 4*s.dev.Ino()+3
+	case "events":
+		if !hasEvents(s.dev.Live()) {
+			return nil, syscall.ENOENT
+		}
+		render, ino = func(b []byte) []byte { return appendEvents(b, s.dev.Live()) }, inoEvents(s.dev)
 	default:
 		return nil, syscall.ENOENT
 	}
@@ -109,10 +114,43 @@ func (s *devStatsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOu
 }
 
 func (s *devStatsDir) Readdir(context.Context) (gofs.DirStream, syscall.Errno) {
-	return gofs.NewListDirStream([]fuse.DirEntry{
+	ents := []fuse.DirEntry{
 		{Name: "inflight", Mode: syscall.S_IFREG, Ino: 4*s.dev.Ino() + 3},
 		{Name: "stat", Mode: syscall.S_IFREG, Ino: 4*s.dev.Ino() + 2},
-	}), 0
+	}
+	if hasEvents(s.dev.Live()) {
+		ents = append([]fuse.DirEntry{{Name: "events", Mode: syscall.S_IFREG, Ino: inoEvents(s.dev)}}, ents...)
+	}
+	return gofs.NewListDirStream(ents), 0
+}
+
+// inoEvents is the inode of MOUNTPOINT/stats/NAME/events, above the four a
+// device's other files take.
+func inoEvents(d *stack.Device) uint64 { return 1<<62 | d.Ino() }
+
+// hasEvents tells whether a target of t keeps an event log.
+func hasEvents(t *stack.Table) bool {
+	found := false
+	if t != nil {
+		t.Targets(func(_, _ int64, _ *stack.TargetType, tg stack.Target) {
+			_, ok := tg.(stack.EventLogger)
+			found = found || ok
+		})
+	}
+	return found
+}
+
+// appendEvents appends the event logs of t's targets, in table order (the
+// table read when the file is opened: a reload shows the new targets' logs).
+func appendEvents(b []byte, t *stack.Table) []byte {
+	if t != nil {
+		t.Targets(func(_, _ int64, _ *stack.TargetType, tg stack.Target) {
+			if l, ok := tg.(stack.EventLogger); ok {
+				b = l.AppendEvents(b)
+			}
+		})
+	}
+	return b
 }
 
 // textFile is a synthetic file whose content is rendered at open: every open
