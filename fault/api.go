@@ -1,7 +1,6 @@
 package fault
 
 import (
-	"context"
 	"strings"
 
 	"github.com/dmfuse/dmfuse/delay"
@@ -29,29 +28,6 @@ func NewDevice(dev stack.BlockDevice, spec string, s *delay.Scheduler) (*Device,
 		return nil, err
 	}
 	return &Device{engine: newEngine(cfg, dev, 0, 0, dev.Size(), s.NewQueue()), name: "fault(" + dev.Name() + ")"}, nil
-}
-
-// ReadAt reads through the rules and the model.
-func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	return d.read(ctx, p, off)
-}
-
-// WriteAt writes through the rules and the model.
-func (d *Device) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	return d.write(ctx, p, off)
-}
-
-// Flush flushes through the rules and the model.
-func (d *Device) Flush(ctx context.Context) error { return d.flush(ctx) }
-
-// Discard discards through the rules and the model.
-func (d *Device) Discard(ctx context.Context, off, n int64) error {
-	return d.changeExtent(ctx, off, n, false)
-}
-
-// WriteZeroes writes zeros through the rules and the model.
-func (d *Device) WriteZeroes(ctx context.Context, off, n int64) error {
-	return d.changeExtent(ctx, off, n, true)
 }
 
 // Size is the device's.

@@ -255,6 +255,30 @@ func (e *engine) wait(ctx context.Context, fs []fired, o Op, fua bool, off, n in
 	return e.q.Wait(ctx, cl, done-now)
 }
 
+// ReadAt reads through the rules and the model (the Target's and the
+// Device's).
+func (e *engine) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	return e.read(ctx, p, off)
+}
+
+// WriteAt writes through the rules and the model.
+func (e *engine) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
+	return e.write(ctx, p, off)
+}
+
+// Flush flushes through the rules and the model.
+func (e *engine) Flush(ctx context.Context) error { return e.flush(ctx) }
+
+// Discard discards through the rules and the model.
+func (e *engine) Discard(ctx context.Context, off, n int64) error {
+	return e.changeExtent(ctx, off, n, false)
+}
+
+// WriteZeroes writes zeros through the rules and the model.
+func (e *engine) WriteZeroes(ctx context.Context, off, n int64) error {
+	return e.changeExtent(ctx, off, n, true)
+}
+
 // releaseStalls lets every stall for ever go.
 func (e *engine) releaseStalls() {
 	e.relMu.Lock()
@@ -421,7 +445,7 @@ func (e *engine) flush(ctx context.Context) error {
 			return nil
 		}
 	}
-	e.undo.take()
+	e.undo.take() // what the flush made durable is not taken back
 	e.ov.clear()
 	return e.dev.Flush(ctx)
 }

@@ -13,12 +13,13 @@ import (
 // publish as distributions, are lognormal fits to their stated typical
 // figures, and say so.
 //
-//	gp2[:size=GiB]        AWS EBS gp2: baseline 3 IOPS/GiB (at least 100, at
+//	gp2[:size=GiB,credits=N]  AWS EBS gp2: baseline 3 IOPS/GiB (at least 100, at
 //	                      most 16000), bursts to 3000 IOPS from a 5.4 M
 //	                      credit bucket that starts full and refills at the
 //	                      baseline (volumes of 1000 GiB and more have no
 //	                      burst); 128 MiB/s up to 170 GiB, 250 MiB/s above;
-//	                      an I/O up to 256 KiB counts once. Latency
+//	                      an I/O up to 256 KiB counts once (credits= makes
+//	                      the bucket smaller, to see it run out). Latency
 //	                      lognormal(600us,3ms): "single-digit millisecond".
 //	                      Source: EC2 user guide, ebs-volume-types.
 //	gp3[:iops=N,mbps=M]   AWS EBS gp3: 3000 IOPS and 125 MiB/s at any size,
@@ -90,9 +91,14 @@ func preset(spec string) ([]string, error) {
 		if size > 170 {
 			mbps = 250
 		}
+		var credits float64
+		if credits, err = num("credits", 5.4e6); err != nil {
+			return nil, err
+		}
 		iops := fmt.Sprintf("iops=%g", base)
 		if size < 1000 && base < 3000 {
-			iops = fmt.Sprintf("iops=%g/3000/1800s", base) // 3000 x 1800 s = 5.4 M credits
+			// 3000 x 1800 s = 5.4 M credits
+			iops = fmt.Sprintf("iops=%g/3000/%dms", base, int64(credits/3000*1000))
 		}
 		out = []string{iops, fmt.Sprintf("bps=%gM", mbps), "iops-size=256K", "read=lognormal(600us,3ms)", "write=lognormal(600us,3ms)", "flush=lognormal(600us,3ms)"}
 	case "gp3":

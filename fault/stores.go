@@ -2,6 +2,7 @@ package fault
 
 import (
 	"sync"
+	"sync/atomic"
 )
 
 // The data some actions keep: sector versions for stale reads, the writes
@@ -71,6 +72,7 @@ func (h *history) stale(s int64, p []byte, n int) {
 
 // undoLog keeps the old contents of what was written since the last flush.
 type undoLog struct {
+	held  atomic.Int64 // len(recs), read without the lock: a flush takes none while it is 0
 	mu    sync.Mutex
 	recs  []undo
 	bytes int64
@@ -93,21 +95,27 @@ func (u *undoLog) push(off int64, old []byte) {
 		u.recs = u.recs[1:]
 		u.lost = true
 	}
+	u.held.Store(int64(len(u.recs)))
 }
 
 // take returns the records since the last flush, newest last, and forgets
 // them.
 func (u *undoLog) take() []undo {
+	if u.held.Load() == 0 {
+		return nil
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	r := u.recs
 	u.recs, u.bytes = nil, 0
+	u.held.Store(0)
 	return r
 }
 
 // overlay holds phantom writes: what reads see until the next flush, which
 // forgets them (the media never got them).
 type overlay struct {
+	held  atomic.Int64 // len(secs), read without the lock: I/O takes none while it is 0
 	mu    sync.Mutex
 	secs  map[int64][]byte
 	bytes int64
@@ -131,10 +139,14 @@ func (o *overlay) put(s int64, p []byte) {
 		// them all, as a cache that lost them early.
 		o.secs, o.bytes = nil, 0
 	}
+	o.held.Store(int64(len(o.secs)))
 }
 
 // apply copies what it holds of sectors from s into p.
 func (o *overlay) apply(s int64, p []byte) {
+	if o.held.Load() == 0 {
+		return
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if len(o.secs) == 0 {
@@ -149,6 +161,9 @@ func (o *overlay) apply(s int64, p []byte) {
 
 // forget drops the sectors [s, s+n) (a real write replaced them).
 func (o *overlay) forget(s, n int64) {
+	if o.held.Load() == 0 {
+		return
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for i := s; i < s+n && len(o.secs) > 0; i++ {
@@ -157,17 +172,23 @@ func (o *overlay) forget(s, n int64) {
 			o.bytes -= sector
 		}
 	}
+	o.held.Store(int64(len(o.secs)))
 }
 
 func (o *overlay) clear() {
+	if o.held.Load() == 0 {
+		return
+	}
 	o.mu.Lock()
 	o.secs, o.bytes = nil, 0
+	o.held.Store(0)
 	o.mu.Unlock()
 }
 
 // latent are sectors whose reads fail until a write clears them, after
 // failing count writes first (dm-dust's wr_fail_cnt).
 type latent struct {
+	held atomic.Int64 // len(secs), read without the lock: I/O takes none while it is 0
 	mu   sync.Mutex
 	secs map[int64]int // writes left to fail
 }
@@ -181,14 +202,19 @@ func (l *latent) mark(s, n int64, count int) {
 	for i := s; i < s+n; i++ {
 		l.secs[i] = count
 	}
+	l.held.Store(int64(len(l.secs)))
 }
 
 // check reports whether an I/O on [s, s+n) fails: any read of a latent
 // sector; a write while a latent sector in it still has writes to fail
 // (each such sector's count goes down), else the write clears them.
 func (l *latent) check(s, n int64, write bool) bool {
+	if l.held.Load() == 0 {
+		return false
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer func() { l.held.Store(int64(len(l.secs))) }()
 	if len(l.secs) == 0 {
 		return false
 	}
@@ -223,8 +249,4 @@ func (l *latent) check(s, n int64, write bool) bool {
 	return fail
 }
 
-func (l *latent) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.secs)
-}
+func (l *latent) count() int { return int(l.held.Load()) }

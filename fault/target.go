@@ -125,29 +125,6 @@ func New(s *delay.Scheduler, c *stack.Ctor, args []string) (*Target, error) {
 	return t, nil
 }
 
-// ReadAt reads through the rules and the model.
-func (t *Target) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	return t.read(ctx, p, off)
-}
-
-// WriteAt writes through the rules and the model.
-func (t *Target) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
-	return t.write(ctx, p, off)
-}
-
-// Flush flushes through the rules and the model.
-func (t *Target) Flush(ctx context.Context) error { return t.flush(ctx) }
-
-// Discard discards through the rules and the model.
-func (t *Target) Discard(ctx context.Context, off, n int64) error {
-	return t.changeExtent(ctx, off, n, false)
-}
-
-// WriteZeroes writes zeros through the rules and the model.
-func (t *Target) WriteZeroes(ctx context.Context, off, n int64) error {
-	return t.changeExtent(ctx, off, n, true)
-}
-
 // Status prints the table line (device, offset, options, rules) or the
 // counters.
 func (t *Target) Status(st stack.StatusType) string {
