@@ -1,9 +1,7 @@
 package test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dmfuse/dmfuse/test/bench/benchkit"
 )
 
 // The fault target end to end, through FUSE and the dmsetup drop-in: rules
@@ -88,28 +88,6 @@ func TestFaultExt4TornMisdirected(t *testing.T) {
 	}
 }
 
-// fioJSON runs fio with JSON output and returns the job's read and write
-// IOPS.
-func fioJSON(ctx context.Context, t *testing.T, args ...string) (rd, wr float64, err error) {
-	t.Helper()
-	cmd := exec.CommandContext(ctx, "fio", append([]string{"--output-format=json"}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return 0, 0, fmt.Errorf("fio: %v: %s%s", err, errb.String(), out.String())
-	}
-	var r struct {
-		Jobs []struct {
-			Read  struct{ IOPS float64 } `json:"read"`
-			Write struct{ IOPS float64 } `json:"write"`
-		} `json:"jobs"`
-	}
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil || len(r.Jobs) == 0 {
-		return 0, 0, fmt.Errorf("fio output: %v: %.500s", err, out.String())
-	}
-	return r.Jobs[0].Read.IOPS, r.Jobs[0].Write.IOPS, nil
-}
-
 // statField is field i (from 0) of MOUNTPOINT/stats/NAME/stat.
 func (e *dmsetupEnv) statField(name string, i int) int64 {
 	e.t.Helper()
@@ -137,8 +115,8 @@ func TestFaultStallByMessage(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := fioJSON(ctx, t, "--name=w", "--filename="+dev, "--rw=randwrite", "--bs=4k", "--direct=1",
-			"--ioengine=libaio", "--iodepth=4", "--time_based", "--runtime=3s", "--size=64m")
+		_, err := benchkit.RunFio(ctx, "", "--output-format=json", "--name=w", "--filename="+dev, "--rw=randwrite", "--bs=4k",
+			"--direct=1", "--ioengine=libaio", "--iodepth=4", "--time_based", "--runtime=3s", "--size=64m")
 		done <- err
 	}()
 	const writes = 4 // field 4 of stat: writes completed
@@ -191,11 +169,12 @@ func TestFaultPresetIOPS(t *testing.T) {
 	requireTool(t, "fio")
 	e := newDmsetupEnv(t)
 	dev := e.faultDev("p", 64<<20, "preset=io2:iops=1000")
-	rd, _, err := fioJSON(context.Background(), t, "--name=r", "--filename="+dev, "--rw=randread", "--bs=4k", "--direct=1",
-		"--ioengine=libaio", "--iodepth=16", "--ramp_time=2s", "--time_based", "--runtime=4s", "--size=64m")
+	res, err := benchkit.RunFio(context.Background(), "", "--output-format=json", "--name=r", "--filename="+dev, "--rw=randread",
+		"--bs=4k", "--direct=1", "--ioengine=libaio", "--iodepth=16", "--ramp_time=2s", "--time_based", "--runtime=4s", "--size=64m")
 	if err != nil {
 		t.Fatal(err)
 	}
+	rd := res.Read.IOPS
 	t.Logf("io2:iops=1000: %.0f IOPS", rd)
 	// The limit is the point; the floor only says the reads ran (a busy
 	// machine may serve fewer than the limit allows).

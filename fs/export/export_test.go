@@ -23,10 +23,10 @@ func TestParseDevNo(t *testing.T) {
 	}
 }
 
-// TestLoopUsers attaches a loop device over a file and counts its users as
-// the open count does: none, then an open descriptor (of another process:
-// the test's own are skipped, as the daemon's are).
-func TestLoopUsers(t *testing.T) {
+// loopImage returns a new 1 MiB file to attach loop devices over; it skips
+// the test without root or loop devices.
+func loopImage(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for loop devices")
 	}
@@ -37,6 +37,14 @@ func TestLoopUsers(t *testing.T) {
 	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return img
+}
+
+// TestLoopUsers attaches a loop device over a file and counts its users as
+// the open count does: none, then an open descriptor (of another process:
+// the test's own are skipped, as the daemon's are).
+func TestLoopUsers(t *testing.T) {
+	img := loopImage(t)
 	l, err := attachLoop(img, false)
 	if err != nil {
 		t.Fatal(err)
@@ -89,16 +97,7 @@ func allLocal() string {
 // user left read-only (BLKROSET outlives attachments) is writable once
 // attached for a writable device, and read-only for a read-only one.
 func TestAttachClearsStaleReadOnly(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for loop devices")
-	}
-	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skip("no /dev/loop-control")
-	}
-	img := filepath.Join(t.TempDir(), "img")
-	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	img := loopImage(t)
 	for _, ro := range []bool{false, true} {
 		l, err := attachLoop(img, ro)
 		if err != nil {

@@ -40,6 +40,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -237,7 +238,7 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 		load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	fmt.Printf("kernel %s, fio %s, %d CPUs, load average %s at the end; DMFUSE_TRANSPORT=%s (daemon: %q); %d MiB linear device over a tmpfs file; fio 4 KiB O_DIRECT, %d rounds x %v\n\n",
-		benchkit.Kernel(), benchkit.FioVersion(), numCPU(), load, transport, got, sizeMiB, rounds, rt)
+		benchkit.Kernel(), benchkit.FioVersion(), runtime.NumCPU(), load, transport, got, sizeMiB, rounds, rt)
 	fmt.Println("| job | file MOUNT/bench IOPS | /dev/mapper/bench IOPS | ratio block/file (rounds' range) |")
 	fmt.Println("|---|---:|---:|---:|")
 	for _, j := range jobs {
@@ -265,14 +266,6 @@ func run(rounds int, rt time.Duration, sizeMiB, starts int, transport string) (e
 	fmt.Printf("\ntransport %s: first `dmsetup create` with no daemon until /dev/mapper/bench reads, %d starts: median %.1f ms, min %.1f ms, max %.1f ms\n",
 		transport, len(times), benchkit.Median(times), slices.Min(times), slices.Max(times))
 	return nil
-}
-
-func numCPU() int {
-	var set unix.CPUSet
-	if unix.SchedGetaffinity(0, &set) != nil {
-		return 0
-	}
-	return set.Count()
 }
 
 // kernelCounts are the machine's context switches (/proc/stat ctxt) and

@@ -36,6 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -160,7 +161,7 @@ func run(w io.Writer, rounds, files, ioctls, calls, lvs int) error {
 		stop.Env = b.env
 		stop.Run()
 	})
-	fmt.Fprintf(w, "exec bench: kernel %s, %d CPUs, %s\n\n", benchkit.Kernel(), runtimeCPUs(), time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(w, "exec bench: kernel %s, %d CPUs, %s\n\n", benchkit.Kernel(), runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"))
 
 	// Open-heavy.
 	tree := filepath.Join(tmpfs, "tree")
@@ -351,12 +352,4 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
-}
-
-func runtimeCPUs() int {
-	var set unix.CPUSet
-	if unix.SchedGetaffinity(0, &set) != nil {
-		return 0
-	}
-	return set.Count()
 }
