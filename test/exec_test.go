@@ -8,9 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // dmfuse exec end to end: the real dmsetup, lvm2, cryptsetup and kpartx
@@ -421,4 +424,96 @@ dmsetup remove %s`, dev, p, p, p))
 		t.Errorf("private DM_DEV_DIR:\n%s", out)
 	}
 	e.mustExec("dmsetup remove " + w)
+}
+
+// TestExecOpensUnderSignals: an open the daemon answers with a descriptor
+// gets that descriptor even while the daemon's threads take signals (Go
+// preempts them with SIGURG). Answering with SECCOMP_ADDFD_FLAG_SEND, a
+// signal during the hand-over made the caller's open return 0 (its stdin),
+// and libdevmapper's version ioctl then failed with ENOTTY.
+func TestExecOpensUnderSignals(t *testing.T) {
+	e := newExecEnv(t, "/usr/sbin/dmsetup", "blockdev")
+	z := e.name("z")
+	e.mustExec(fmt.Sprintf(`dmsetup create %s --table "0 2048 zero"`, z))
+	pid := e.pid()
+	if pid == 0 {
+		t.Fatal("no daemon pid")
+	}
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		sent := 0
+		for {
+			select {
+			case <-stop:
+				done <- sent
+				return
+			default:
+			}
+			ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+			for _, ent := range ents {
+				if tid, err := strconv.Atoi(ent.Name()); err == nil && unix.Tgkill(pid, tid, unix.SIGURG) == nil {
+					sent++
+				}
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	// Each dmsetup opens the control node once, each blockdev the device's
+	// node; 40 rounds failed in nearly every run before.
+	out, code := e.exec(fmt.Sprintf(`for i in $(seq 40); do
+	dmsetup version >/dev/null || { echo "dmsetup version failed in round $i"; exit 1; }
+	[ "$(blockdev --getsize64 /dev/mapper/%s)" = 1048576 ] || { echo "blockdev failed in round $i"; exit 1; }
+done`, z))
+	close(stop)
+	if sent := <-done; sent == 0 {
+		t.Fatal("no signal reached the daemon's threads")
+	}
+	if code != 0 {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	e.mustExec("dmsetup remove " + z)
+}
+
+// TestExecStopWhileNamespaceHeld: dmfuse stop ends the daemon even while a
+// command's mount namespace outlives its processes (here a descriptor of
+// it held from outside), which keeps the daemon's sysfs view mounted there.
+func TestExecStopWhileNamespaceHeld(t *testing.T) {
+	e := newExecEnv(t, "sleep")
+	cmd := exec.Command(dmfuseBin, "exec", "--", "sleep", "60")
+	cmd.Env = e.env
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	// The command's sleep is the wrapper's child (the process that set up
+	// the namespace and became the command).
+	var ns *os.File
+	for deadline := time.Now().Add(10 * time.Second); ns == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		ents, _ := os.ReadDir("/proc")
+		for _, ent := range ents {
+			st, _ := os.ReadFile("/proc/" + ent.Name() + "/stat")
+			// pid (comm) state ppid ...
+			if f := strings.Fields(string(st)); len(f) > 3 && f[1] == "(sleep)" && f[3] == strconv.Itoa(cmd.Process.Pid) {
+				ns, _ = os.Open("/proc/" + ent.Name() + "/ns/mnt")
+			}
+		}
+	}
+	if ns == nil {
+		t.Fatal("the command did not start")
+	}
+	defer ns.Close()
+	pid := e.pid()
+	stop := exec.Command(dmfuseBin, "stop")
+	stop.Env = e.env
+	if out, err := stop.CombinedOutput(); err != nil {
+		t.Fatalf("dmfuse stop: %v\n%s", err, out)
+	}
+	if alive(pid) {
+		t.Errorf("the daemon (pid %d) still runs after dmfuse stop", pid)
+	}
+	if log, _ := os.ReadFile(filepath.Join(e.run, "daemon.log")); !strings.Contains(string(log), "still mounted in a mount namespace") {
+		t.Errorf("the daemon's log does not say why it stopped waiting:\n%s", log)
+	}
 }

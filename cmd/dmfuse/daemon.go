@@ -165,7 +165,11 @@ func runDaemon(o daemonOptions) error {
 			srv.Unmount()
 			return fmt.Errorf("sysfs view: %w", err)
 		}
-		defer sysv.Unmount()
+		defer func() {
+			if err := sysv.Unmount(); err != nil {
+				o.logf("%v", err)
+			}
+		}()
 		ctl.OnSupervise(sup.Supervise)
 		d.sup = sup
 	}

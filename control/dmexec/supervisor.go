@@ -213,16 +213,28 @@ func (c *call) proceed() {
 
 // installFD puts file descriptor fd into the caller's table and answers the
 // call with its number there (an open that returns it).
+//
+// The two steps are two ioctls on purpose. With SECCOMP_ADDFD_FLAG_SEND the
+// kernel marks the call answered before it waits for the caller to take the
+// descriptor, and that wait ends at any signal to this thread (the Go
+// runtime preempts with SIGURG): the descriptor is then taken back, the
+// restarted ioctl fails with EINPROGRESS, and the caller's open returns 0,
+// its standard input, as if it were the new descriptor. A plain ADDFD that a
+// signal interrupts either completed (and returns the number) or is
+// withdrawn and restarts whole.
 func (c *call) installFD(fd int, cloexec bool) {
-	a := seccompNotifAddfd{ID: c.n.ID, Flags: unix.SECCOMP_ADDFD_FLAG_SEND, Srcfd: uint32(fd)}
+	a := seccompNotifAddfd{ID: c.n.ID, Srcfd: uint32(fd)}
 	if cloexec {
 		a.NewfdFlags = unix.O_CLOEXEC
 	}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(c.fd), ioctlNotifAddfd, uintptr(unsafe.Pointer(&a))); errno != 0 {
-		if errno == unix.EMFILE || errno == unix.EBADF {
-			c.respond(0, errno)
-		}
-		// ENOENT: the caller went away.
+	newfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(c.fd), ioctlNotifAddfd, uintptr(unsafe.Pointer(&a)))
+	switch errno {
+	case 0:
+		c.respond(int64(newfd), 0)
+	case unix.ENOENT:
+		// The caller went away.
+	default:
+		c.respond(0, errno)
 	}
 }
 

@@ -80,25 +80,38 @@ func Mount(mnt string, m *stack.Manager) (*Server, error) {
 }
 
 // Unmount unmounts the view and waits for its server to end. Mount
-// namespaces that still see the view (a command of dmfuse exec's) would
-// keep its connection alive: after a second it is aborted.
+// namespaces that still see the view (a command of dmfuse exec's that is
+// still exiting) keep its connection alive: after a second it is aborted
+// through the fuse control file system, and where that is not mounted (or
+// the abort does not end it either) Unmount stops waiting after two more
+// seconds and says so. The daemon exits next, and its exit closes the
+// connection's /dev/fuse descriptor, which ends the connection.
 func (s *Server) Unmount() error {
 	var st syscall.Stat_t
 	syscall.Stat(s.mnt, &st)
-	err := s.srv.Unmount()
-	if err != nil {
-		syscall.Unmount(s.mnt, syscall.MNT_DETACH)
-	}
+	// go-fuse's Unmount itself waits for the connection to end.
+	var err error
 	done := make(chan struct{})
-	go func() { s.srv.Wait(); close(done) }()
+	go func() {
+		if err = s.srv.Unmount(); err != nil {
+			syscall.Unmount(s.mnt, syscall.MNT_DETACH)
+		}
+		s.srv.Wait()
+		close(done)
+	}()
 	select {
 	case <-done:
+		return err
 	case <-time.After(time.Second):
-		// The connection's number is the mount's device minor.
-		os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", st.Dev&0xff|(st.Dev>>12)&0xfff00), []byte("1"), 0)
-		<-done
 	}
-	return err
+	// The connection's number is the mount's device minor.
+	os.WriteFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", st.Dev&0xff|(st.Dev>>12)&0xfff00), []byte("1"), 0)
+	select {
+	case <-done:
+		return err
+	case <-time.After(2 * time.Second):
+		return fmt.Errorf("the sysfs view at %s is still mounted in a mount namespace; its connection ends when this process exits", s.mnt)
+	}
 }
 
 // view builds the tree from the manager's devices.
