@@ -39,6 +39,7 @@ type CLI struct {
 	Targets TargetsCmd `cmd:"" help:"List target types and their versions."`
 
 	ReplayLog ReplayLogCmd `cmd:"" name:"replay-log" passthrough:"" help:"Replay a log of the log-writes target onto a device (xfstests' replay-log; also the binary's behaviour under that name)."`
+	Crash     CrashCmd     `cmd:"" help:"Check every state a power cut may leave at the cuts of a log-writes log (flushes, FUA writes, marks): lost and torn writes since the last flush, enumerated or sampled, each state checked by a command and reported by an id that rebuilds it."`
 	Dmsetup   DmsetupCmd   `cmd:"" help:"Run dmsetup's command line against the system instance (also when dmfuse is invoked as dmsetup)."`
 	Install   InstallCmd   `cmd:"" help:"Link DIR/dmsetup to dmfuse, so that scripts running dmsetup drive dmfuse."`
 	Daemon    DaemonCmd    `cmd:"" help:"Serve the system instance (dmsetup starts it when a command needs it)."`
