@@ -68,6 +68,29 @@ func (e *entry) pieces(keep int64, f func(a, b int64) error) error {
 	return nil
 }
 
+// within calls f on the parts of [a, b) that no hole of e covers (a and b
+// may lie outside e: only e's holes are skipped).
+func (e *entry) within(a, b int64, f func(a, b int64) error) error {
+	for _, h := range e.holes {
+		if h.off >= b {
+			break
+		}
+		if h.end <= a {
+			continue
+		}
+		if h.off > a {
+			if err := f(a, h.off); err != nil {
+				return err
+			}
+		}
+		a = max(a, h.end)
+	}
+	if a < b {
+		return f(a, b)
+	}
+	return nil
+}
+
 // bufClasses are the pooled sizes of cached copies: 512 B << i.
 const bufClasses = 12 // up to 1 MiB, the largest FUSE write
 

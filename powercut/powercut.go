@@ -3,8 +3,6 @@ package powercut
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,6 +182,18 @@ var (
 //	power_cut torn [<seed>]     as random, and each surviving entry of k > 1 sectors keeps only its
 //	                            first j sectors, j drawn uniformly from 1..k (a torn write: the tear
 //	                            falls on a 512-byte boundary of the device)
+//	power_cut subset [<seed>]   random's model (dmfuse crash's subset mode), with the options below
+//	power_cut sector [<seed>]   each tear unit of each cached entry survives on its own with
+//	                            probability 1/2 (dmfuse crash's sector mode)
+//
+// random, torn, subset and sector take options after the seed, as
+// dmfuse crash does: unit=<bytes> is the tear unit of torn and sector (a
+// power of two from 512; default 512: a unit larger than a write damages
+// the neighbouring sectors it holds, as a 512e disk's torn
+// read-modify-write does), fill=old|zero|junk what a lost unit reads as
+// (default old: what the device held; junk is drawn from the seed), and
+// clean=<p> the probability that the cut loses nothing.
+//
 //	power_on                    power back: I/O works again, on what survived
 //	dirty                       the cached entries, oldest first, one per line:
 //	                            "<sector>+<sectors> <write|discard|zeroes>" (rounded out to whole
@@ -201,7 +211,7 @@ var (
 //
 // TABLE is "<dev> <offset>" plus " 2 cache_sectors <n>" when given. INFO is
 //
-//	<up|down> cached <entries> <sectors> flushes <n> fua <n> destaged <entries> around <writes> cuts <n> last_cut <none|all|random|torn> seed <seed|->
+//	<up|down> cached <entries> <sectors> flushes <n> fua <n> destaged <entries> around <writes> cuts <n> last_cut <none|all|random|torn|subset|sector> seed <seed|->
 //
 // flushes counts flush requests, fua the FUA writes written through,
 // destaged the entries written back by flushes, the bound and suspends,
@@ -407,11 +417,11 @@ func (p *powercut) Message(ctx context.Context, args []string) (string, error) {
 	verb := args[0]
 	switch {
 	case strings.EqualFold(verb, "power_cut"):
-		mode, seed, err := parseCut(args[1:])
+		c, err := parseCut(args[1:])
 		if err != nil {
 			return "", err
 		}
-		return p.cut(ctx, mode, seed)
+		return p.cut(ctx, c)
 	case strings.EqualFold(verb, "power_on"):
 		if len(args) > 1 {
 			return "", msgError("power_on takes no arguments")
@@ -432,105 +442,6 @@ func (p *powercut) Message(ctx context.Context, args []string) (string, error) {
 		return p.dirty(), nil
 	}
 	return "", msgError("Unrecognised message %q (want power_cut, power_on or dirty)", verb)
-}
-
-// parseCut reads the arguments after power_cut: mode "all" for none, else
-// random or torn with an optional seed (picked at random when missing).
-func parseCut(args []string) (mode string, seed uint64, err error) {
-	if len(args) == 0 {
-		return "all", 0, nil
-	}
-	switch {
-	case strings.EqualFold(args[0], "random"):
-		mode = "random"
-	case strings.EqualFold(args[0], "torn"):
-		mode = "torn"
-	default:
-		return "", 0, msgError("power_cut %s: unknown mode (want random or torn)", args[0])
-	}
-	switch len(args) {
-	case 1:
-		return mode, rand.Uint64(), nil
-	case 2:
-		seed, err = stack.ParseUint64(args[1])
-		if err != nil {
-			return "", 0, msgError("power_cut %s %s: invalid seed (want an unsigned 64-bit decimal)", mode, args[1])
-		}
-		return mode, seed, nil
-	}
-	return "", 0, msgError("power_cut %s: too many arguments", mode)
-}
-
-// cut switches the power off: the cache is emptied, the entries that
-// survive mode are written to the device, and every I/O fails from now on.
-func (p *powercut) cut(ctx context.Context, mode string, seed uint64) (string, error) {
-	p.wb.Lock()
-	defer p.wb.Unlock()
-	if p.down.Load() {
-		return "", msgError("power_cut: the power is already off")
-	}
-	m := p.idx.lockAll()
-	p.down.Store(true)
-	p.list.Lock()
-	first, k, sectors := p.list.head, p.count.Load(), p.sectors.Load()
-	p.list.head, p.list.tail = nil, nil
-	p.count.Store(0)
-	p.sectors.Store(0)
-	p.list.Unlock()
-	p.gen.Add(1)
-	p.idx.reset()
-	p.idx.unlock(m)
-	// Every write around that saw the power on is counted: let it land.
-	for p.inAround.Load() > 0 {
-		runtime.Gosched()
-	}
-	p.msg.Lock()
-	p.msg.cuts++
-	p.msg.lastMode, p.msg.lastSeed = mode, seed
-	p.msg.Unlock()
-	// A write-back that failed before the cut is not reported after it.
-	p.room.Lock()
-	p.room.err = nil
-	p.room.cond.Broadcast()
-	p.room.Unlock()
-
-	rng := rand.New(rand.NewPCG(seed, seedStream))
-	var survived, torn int64
-	var err error
-	e := first
-	for range k {
-		keep := int64(0)
-		if mode != "all" && rng.Uint64()&1 == 1 {
-			keep = e.end - e.off
-			if s := e.sectors(); mode == "torn" && s > 1 {
-				j := 1 + rng.Int64N(s)
-				keep = min(e.end, (e.off/stack.SectorSize+j)*stack.SectorSize) - e.off
-				if keep < e.end-e.off {
-					torn++
-				}
-			}
-		}
-		if keep > 0 && err == nil {
-			survived++
-			err = p.writeEntry(ctx, e, keep)
-		}
-		next := e.next
-		freeEntry(e)
-		e = next
-	}
-	if err == nil && survived > 0 {
-		err = p.dev.Flush(ctx)
-	}
-	if err != nil {
-		return "", fmt.Errorf("power_cut: writing the surviving entries: %w", err)
-	}
-	switch mode {
-	case "all":
-		return fmt.Sprintf("power_cut: %d cached writes lost (%d sectors)", k, sectors), nil
-	case "random":
-		return fmt.Sprintf("power_cut random seed %d: %d of %d cached writes survived", seed, survived, k), nil
-	}
-	return fmt.Sprintf("power_cut torn seed %d: %d of %d cached writes survived, %d of them torn", seed, survived, k, torn), nil
 }
 
 // dirty lists the cached entries.

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -457,6 +458,100 @@ func TestPowercutCutModes(t *testing.T) {
 	}
 }
 
+// TestPowercutCutOptions: the modes of dmfuse crash at a live cut. sector
+// keeps or loses each tear unit on its own (the same seed the same way);
+// fill=zero and fill=junk put zeros or junk, not the device's old data,
+// where units are lost, a 4 KiB unit also over the sectors of it a short
+// write did not cover; clean=1 loses nothing.
+func TestPowercutCutOptions(t *testing.T) {
+	const n = 64
+	cut := func(words ...string) ([]byte, string) {
+		pc, dev := pcWorkload(t, n)
+		out := pc.msg(append([]string{"power_cut"}, words...)...)
+		return bytes.Clone(dev.Bytes()), out
+	}
+	a, outA := cut("sector", "9")
+	b, _ := cut("sector", "9")
+	c, _ := cut("sector", "10")
+	if !bytes.Equal(a, b) || bytes.Equal(a, c) {
+		t.Errorf("sector: seed 9 twice equal %v, seeds 9 and 10 differ %v", bytes.Equal(a, b), !bytes.Equal(a, c))
+	}
+	// Sector by sector, each write's sectors are its data or zeros, in any
+	// pattern: some write keeps a later sector and loses an earlier one.
+	holey := false
+	for i := range n {
+		size := 1 + i%16
+		slot := a[i*16*pcSector : (i+1)*16*pcSector]
+		var lostBefore bool
+		for k := range size {
+			sec := slot[k*pcSector : (k+1)*pcSector]
+			switch {
+			case bytes.Equal(sec, fill(byte(i+1), pcSector)):
+				holey = holey || lostBefore
+			case bytes.Equal(sec, make([]byte, pcSector)):
+				lostBefore = true
+			default:
+				t.Fatalf("sector: write %d sector %d holds neither its data nor zeros", i, k)
+			}
+		}
+	}
+	if !holey {
+		t.Error("sector: no write kept a sector after losing one")
+	}
+	if !regexp.MustCompile(`^power_cut sector seed 9: \d+ of 64 cached writes survived, \d+ of them torn$`).MatchString(outA) {
+		t.Errorf("sector reply %q", outA)
+	}
+
+	// Junk where whole writes are lost: neither the data nor zeros.
+	j, outJ := cut("subset", "3", "fill=junk")
+	junk := 0
+	for i := range n {
+		sec := j[i*16*pcSector : i*16*pcSector+pcSector]
+		if !bytes.Equal(sec, fill(byte(i+1), pcSector)) {
+			if bytes.Equal(sec, make([]byte, pcSector)) {
+				t.Fatalf("fill=junk: lost write %d reads as zeros", i)
+			}
+			junk++
+		}
+	}
+	if junk < 16 || !strings.HasPrefix(outJ, "power_cut subset fill junk clean 0 seed 3: ") {
+		t.Errorf("fill=junk: %d writes lost; reply %q", junk, outJ)
+	}
+	if j2, _ := cut("subset", "3", "fill=junk"); !bytes.Equal(j, j2) {
+		t.Error("fill=junk: the same seed drew other junk")
+	}
+
+	// A 4 KiB unit lost with fill=zero zeroes all of it: write 0 (one
+	// sector at 0) lost damages sectors 1 to 7 of its slot too, which held
+	// data of its own here.
+	dev := newPCRecDev("mem", 16*pcSector)
+	copy(dev.Bytes(), bytes.Repeat([]byte{0xaa}, 16*pcSector))
+	pc := newPC(t, dev, "")
+	pc.write(fill(1, pcSector), 0)
+	dev.take()
+	for seed := 0; ; seed++ {
+		if seed == 64 {
+			t.Fatal("unit=4096: no seed of 64 lost the write")
+		}
+		out := pc.msg("power_cut", "sector", fmt.Sprint(seed), "unit=4096", "fill=zero")
+		if strings.Contains(out, ": 0 of 1 ") {
+			if !bytes.Equal(dev.Bytes()[:8*pcSector], make([]byte, 8*pcSector)) || dev.Bytes()[8*pcSector] != 0xaa {
+				t.Errorf("unit=4096 fill=zero: the lost unit is not all zeros, or more was zeroed")
+			}
+			break
+		}
+		pc.msg("power_on")
+		pc.write(fill(1, pcSector), 0)
+	}
+
+	// clean=1: nothing is lost.
+	pcK, devK := pcWorkload(t, n)
+	outK := pcK.msg("power_cut", "sector", "5", "clean=1")
+	if got := pcSurvivors(t, devK, n, false); slices.Contains(got, 0) || !strings.Contains(outK, "64 of 64 cached writes survived, 0 of them torn") {
+		t.Errorf("clean=1: survivors %v, reply %q", got, outK)
+	}
+}
+
 // TestPowercutDown: after a cut every I/O fails with EIO until power_on,
 // which brings back what survived; the power messages refuse a state they
 // are already in.
@@ -593,6 +688,9 @@ func TestPowercutBadMessages(t *testing.T) {
 		{}, {"power"}, {"power_cut", "half"}, {"power_cut", "random", "x"}, {"power_cut", "random", "-1"},
 		{"power_cut", "torn", "18446744073709551616"}, {"power_cut", "random", "1", "2"}, {"power_cut", "all"},
 		{"power_on"}, {"power_on", "now"}, {"dirty", "all"},
+		{"power_cut", "sector", "1", "unit=1000"}, {"power_cut", "sector", "unit=256"}, {"power_cut", "subset", "unit=4096"},
+		{"power_cut", "sector", "fill=ones"}, {"power_cut", "subset", "clean=2"}, {"power_cut", "subset", "clean=x"},
+		{"power_cut", "sector", "1", "speed=9"}, {"power_cut", "sector", "1", "fill=zero", "2"},
 	} {
 		_, err := pc.Target.(stack.Messager).Message(context.Background(), words)
 		if err == nil || !errors.Is(err, syscall.EINVAL) || err.Error() == "" {
