@@ -55,6 +55,15 @@ type logWrites struct {
 
 	enabled atomic.Bool
 	held    atomic.Int64 // bytes of block buffers not yet logged
+
+	// memory is Ctor.Memory: the copies held until a flush are accounted
+	// in the daemon's memory plan, in steps of memStep, so that a run
+	// without flushes does not push the daemon's heap past its soft limit
+	// (where the collector would run at every allocation). reserved is
+	// what is accounted now; memMu serialises changing it.
+	memory   func(int64)
+	memMu    sync.Mutex
+	reserved atomic.Int64
 	// queued counts the blocks ever put on the logging list (under mu),
 	// logged those the worker has logged or dropped: Status waits for the
 	// worker to reach what was queued before it was called.
@@ -159,8 +168,28 @@ func newLogWrites(c *stack.Ctor, args []string) (stack.Target, error) {
 	l.nextSector.Store(l.next)
 	l.end = logdev.Size() / stack.SectorSize
 	l.enabled.Store(true)
+	l.memory = c.Memory
 	go l.run()
 	return l, nil
+}
+
+// memStep is the step in which held copies are accounted.
+const memStep = 16 << 20
+
+// account brings the reservation in the memory plan to what is held,
+// rounded up to a step, with one step of room: called when held passes
+// the reservation, and by the worker as it frees blocks.
+func (l *logWrites) account() {
+	if l.memory == nil {
+		return
+	}
+	l.memMu.Lock()
+	defer l.memMu.Unlock()
+	want := (l.held.Load()/memStep + 2) * memStep
+	if r := l.reserved.Load(); want > r || want < r-memStep {
+		l.memory(want - r)
+		l.reserved.Store(want)
+	}
 }
 
 // logLookupError is lookupError for the log device, whose failed lookup
@@ -338,6 +367,11 @@ func (l *logWrites) Close() error {
 	l.mu.Unlock()
 	l.wake()
 	<-l.done
+	if l.memory != nil {
+		l.memMu.Lock()
+		l.memory(-l.reserved.Swap(0))
+		l.memMu.Unlock()
+	}
 	return nil
 }
 
@@ -384,6 +418,9 @@ func (l *logWrites) run() {
 		for i, b := range batch {
 			l.logOne(b)
 			batch[i] = nil
+		}
+		if l.reserved.Load() > memStep*2 {
+			l.account()
 		}
 	}
 }
@@ -450,11 +487,15 @@ var pools [numClasses]sync.Pool
 func (l *logWrites) getBlock(n int, accountable bool) *pending {
 	size := int(l.s) + n
 	if accountable {
-		if l.held.Add(int64(size)) > logWritesMemLimit {
+		held := l.held.Add(int64(size))
+		if held > logWritesMemLimit {
 			l.held.Add(-int64(size))
 			l.logger.Printf("log-writes: Error allocating pending block: %d bytes held for the log", l.held.Load())
 			l.enabled.Store(false)
 			return nil
+		}
+		if held > l.reserved.Load()-memStep {
+			l.account()
 		}
 	}
 	class := (size + classSize - 1) / classSize

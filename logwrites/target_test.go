@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1084,4 +1085,42 @@ func TestTablesGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	stacktest.CheckTables(t, reg, "testdata")
+}
+
+// TestLogWritesMemory: the copies held until a flush are accounted in the
+// daemon's memory plan as they grow, given back as the worker logs them,
+// and all of it at Close.
+func TestLogWritesMemory(t *testing.T) {
+	data, logd := stacktest.NewMemDevice("data", 64<<20), stacktest.NewMemDevice("log", 80<<20)
+	var accounted atomic.Int64
+	c := &stack.Ctor{Len: data.Size() / stack.SectorSize, Context: context.Background(), Memory: func(n int64) { accounted.Add(n) },
+		Open: func(arg string) (stack.BlockDevice, error) {
+			return map[string]stack.BlockDevice{"data": data, "log": logd}[arg], nil
+		}}
+	tg, err := Type.New(c, []string{"data", "log"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := tg.(*logWrites)
+	buf := make([]byte, 1<<20)
+	for i := range 48 {
+		if _, err := l.WriteAt(context.Background(), buf, int64(i)<<20); err != nil {
+			t.Fatal(err)
+		}
+		if held, acc := l.held.Load(), accounted.Load(); acc < held {
+			t.Fatalf("after %d MiB: %d bytes held, %d accounted", i+1, held, acc)
+		}
+	}
+	if acc := accounted.Load(); acc > l.held.Load()+2*memStep {
+		t.Errorf("%d bytes accounted for %d held", acc, l.held.Load())
+	}
+	lwFlush(t, l)
+	l.waitLogged(t)
+	if acc := accounted.Load(); acc > 2*memStep {
+		t.Errorf("after the flush was logged: %d bytes still accounted", acc)
+	}
+	l.Close()
+	if acc := accounted.Load(); acc != 0 {
+		t.Errorf("after Close: %d bytes accounted", acc)
+	}
 }
