@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dmfuse/dmfuse/logwrites"
 )
@@ -501,5 +502,26 @@ func TestCuts(t *testing.T) {
 		if bad.ParseCut(s) == nil {
 			t.Errorf("--at %s accepted", s)
 		}
+	}
+}
+
+// TestCheckerTimeout: a check that hangs is killed with its process group
+// after the timeout and counts as a failure, its output kept; the state's
+// file, id and cut reach it in the environment.
+func TestCheckerTimeout(t *testing.T) {
+	t0 := time.Now()
+	r := Checker{Command: `echo "checking $DMFUSE_CRASH_DEV $DMFUSE_CRASH_STATE $DMFUSE_CRASH_CUT"; sleep 30 & wait`, Timeout: 300 * time.Millisecond}.run("/dev/x", "7:-:old", 7)
+	if r.OK || r.Status != -1 || !strings.Contains(r.Output, "checking /dev/x 7:-:old 7") || !strings.Contains(r.Output, "killed after 300ms") {
+		t.Errorf("a hung check: %+v", r)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Errorf("the hung check took %v to end", d)
+	}
+	r = Checker{Command: "exit 3"}.run("/dev/x", "7:-:old", 7)
+	if r.OK || r.Status != 3 {
+		t.Errorf("exit 3: %+v", r)
+	}
+	if r = (Checker{Command: "true"}).run("/dev/x", "7:-:old", 7); !r.OK || r.Output != "" {
+		t.Errorf("true: %+v", r)
 	}
 }

@@ -48,26 +48,6 @@ func (e *entry) mask(a, b int64) {
 	e.holes = slices.Replace(h, i, j, span{a, b})
 }
 
-// pieces calls f for each part of [e.off, e.off+keep) that is not a hole.
-func (e *entry) pieces(keep int64, f func(a, b int64) error) error {
-	a, end := e.off, e.off+keep
-	for _, h := range e.holes {
-		if h.off >= end {
-			break
-		}
-		if h.off > a {
-			if err := f(a, h.off); err != nil {
-				return err
-			}
-		}
-		a = max(a, h.end)
-	}
-	if a < end {
-		return f(a, end)
-	}
-	return nil
-}
-
 // within calls f on the parts of [a, b) that no hole of e covers (a and b
 // may lie outside e: only e's holes are skipped).
 func (e *entry) within(a, b int64, f func(a, b int64) error) error {
@@ -521,10 +501,10 @@ func (p *powercut) drop(first *entry, k int64) {
 	}
 }
 
-// writeEntry applies the first keep bytes of e to the device, less its
-// holes.
-func (p *powercut) writeEntry(ctx context.Context, e *entry, keep int64) error {
-	return e.pieces(keep, func(a, b int64) error {
+// writeRange writes bytes [a, b) of e (segment offsets within e) to the
+// device, less the parts a later FUA write replaced.
+func (p *powercut) writeRange(ctx context.Context, e *entry, a, b int64) error {
+	return e.within(a, b, func(a, b int64) error {
 		switch e.kind {
 		case ioop.Discard:
 			return p.dev.Discard(ctx, p.start+a, b-a)
@@ -534,4 +514,10 @@ func (p *powercut) writeEntry(ctx context.Context, e *entry, keep int64) error {
 		_, err := p.dev.WriteAt(ctx, e.data[a-e.off:b-e.off], p.start+a)
 		return err
 	})
+}
+
+// writeEntry applies the first keep bytes of e to the device, less its
+// holes.
+func (p *powercut) writeEntry(ctx context.Context, e *entry, keep int64) error {
+	return p.writeRange(ctx, e, e.off, e.off+keep)
 }

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/dmfuse/dmfuse/internal/ioop"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -207,21 +206,6 @@ func (p *powercut) cut(ctx context.Context, c cutSpec) (string, error) {
 		return fmt.Sprintf("power_cut %s seed %d: %d of %d cached writes survived", name, c.seed, survived, k), nil
 	}
 	return fmt.Sprintf("power_cut %s seed %d: %d of %d cached writes survived, %d of them torn", name, c.seed, survived+torn, k, torn), nil
-}
-
-// writeRange writes bytes [a, b) of e (segment offsets within e) to the
-// device, less the parts a later FUA write replaced.
-func (p *powercut) writeRange(ctx context.Context, e *entry, a, b int64) error {
-	return e.within(a, b, func(a, b int64) error {
-		switch e.kind {
-		case ioop.Discard:
-			return p.dev.Discard(ctx, p.start+a, b-a)
-		case ioop.Zeroes:
-			return p.dev.WriteZeroes(ctx, p.start+a, b-a)
-		}
-		_, err := p.dev.WriteAt(ctx, e.data[a-e.off:b-e.off], p.start+a)
-		return err
-	})
 }
 
 // fillRange puts c's fill over bytes [a, b) (rounded to whole units by the

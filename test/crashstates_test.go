@@ -101,6 +101,7 @@ func replaceFile(t *testing.T, root string, dirSync bool) {
 	}
 }
 
+// syncPath fsyncs the file or folder p.
 func syncPath(t *testing.T, p string) {
 	f, err := os.Open(p)
 	if err != nil {

@@ -293,16 +293,7 @@ e2fsck -fn "$img.chk"
 func ext4Workload(t *testing.T, root string, ops int) {
 	r := rand.New(rand.NewPCG(482, 1))
 	fill := rand.NewChaCha8([32]byte{4, 8, 2})
-	fsync := func(path string) {
-		f, err := os.Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if err := f.Sync(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fsync := func(path string) { syncPath(t, path) }
 	data := func(max int) []byte {
 		b := make([]byte, 1+r.IntN(max))
 		fill.Read(b)
