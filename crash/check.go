@@ -217,18 +217,32 @@ func NewBase(path string, image *os.File, size int64, rec *Record, log io.Reader
 		return nil, err
 	}
 	if image != nil {
-		for off := int64(0); off < size; {
-			n, err := unix.CopyFileRange(int(image.Fd()), &off, int(f.Fd()), nil, int(min(size-off, 1<<30)), 0)
-			if err != nil {
-				f.Close()
-				return nil, fmt.Errorf("copying the image: %w", err)
-			}
-			if n == 0 {
-				break
-			}
+		if err := copyImage(f, image, size); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("copying the image: %w", err)
 		}
 	}
 	return &Base{f: f, log: log, rec: rec, size: size}, nil
+}
+
+// copyImage copies the first size bytes of image (or all it has) to f:
+// with copy_file_range where both are files of one file system that takes
+// it (no data passes through this process), else by reading and writing.
+func copyImage(f, image *os.File, size int64) error {
+	for off := int64(0); off < size; {
+		n, err := unix.CopyFileRange(int(image.Fd()), &off, int(f.Fd()), nil, int(min(size-off, 1<<30)), 0)
+		switch {
+		case err == nil && n == 0:
+			return nil
+		case err == nil:
+		case off == 0 && (err == unix.EXDEV || err == unix.EINVAL || err == unix.ENOSYS || err == unix.EOPNOTSUPP):
+			_, err := io.Copy(f, io.NewSectionReader(image, 0, size))
+			return err
+		default:
+			return err
+		}
+	}
+	return nil
 }
 
 // Advance applies the writes up to the first n of the log, in order.
@@ -290,9 +304,10 @@ type Run struct {
 	Inspect func(o *Overlay, s State) bool
 }
 
-// Cut checks every state of the cut after entry cut and returns the
-// results, failures first found kept in order. The base is advanced to the
-// cut's last flush.
+// Cut checks every state of the cut after entry cut, Jobs at a time, and
+// returns their results and the states, in the same order, and whether
+// they are all the cut's states. The base is advanced to the cut's last
+// flush first.
 func (r *Run) Cut(cut uint64) ([]Result, []State, bool, error) {
 	from, _ := r.Rec.Span(cut)
 	if err := r.Base.Advance(from); err != nil {
