@@ -27,6 +27,10 @@ type fileDev struct {
 	// btrfs), which FileRead needs to beat pread.
 	asyncRead bool
 	rdev      uint64 // a block device's number
+	// mm is the file mapped in memory (filemap.go): a file in memory
+	// (tmpfs, ramfs) up to maxMapped, whose reads and plain writes are
+	// copies from and into it; nil otherwise.
+	mm []byte
 	// excl is the device's exclusive claim, writable, for discards and
 	// write-zeroes (claim.go); -1 for a file or a read-only device.
 	excl   int
@@ -72,6 +76,9 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 		var fs unix.Statfs_t
 		if unix.Fstatfs(d.fd, &fs) == nil {
 			d.memory = fs.Type == unix.TMPFS_MAGIC || fs.Type == unix.RAMFS_MAGIC
+			if d.memory {
+				d.mm = mapFile(d.fd, d.size, readOnly)
+			}
 			switch fs.Type {
 			case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC:
 				d.asyncRead = true
@@ -105,6 +112,9 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 }
 
 func (d *fileDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if off >= 0 && off+int64(len(p)) <= int64(len(d.mm)) && copyMapped(p, d.mm[off:]) {
+		return len(p), nil
+	}
 	if d.block {
 		// A block device's read sleeps until the disk answers; a regular
 		// file's is usually a copy from the page cache.
@@ -134,6 +144,9 @@ func (d *fileDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) 
 // RWF_DSYNC, so that it is on stable media when it returns.
 func (d *fileDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	fua := FUA(ctx)
+	if !fua && off >= 0 && off+int64(len(p)) <= int64(len(d.mm)) && copyMapped(d.mm[off:off+int64(len(p))], p) {
+		return len(p), nil
+	}
 	if d.block || fua && !d.memory {
 		// A durable write to a file waits for its disk.
 		Waiting(ctx)
@@ -235,6 +248,10 @@ func (d *fileDev) Name() string { return d.name }
 func (d *fileDev) Close() error {
 	if d.block {
 		releaseBlock(d.rdev)
+	}
+	if d.mm != nil {
+		unix.Munmap(d.mm)
+		d.mm = nil
 	}
 	return d.f.Close()
 }

@@ -206,9 +206,14 @@ func crashConfig(t *testing.T, dir string, sectors int) string {
 // stacked device and a linear one with O_DIRECT writes and fsyncs: every
 // write acknowledged before the kill is on the backing files, and the next
 // `dmfuse mount` on the same folder clears the dead mount and serves the same
-// data.
+// data. It runs with the backing files on disk (pread and pwrite) and on
+// tmpfs (mapped in memory: filemap.go).
 func TestCrashKillDuringIO(t *testing.T) {
-	dir := t.TempDir()
+	t.Run("disk", func(t *testing.T) { crashKillDuringIO(t, t.TempDir()) })
+	t.Run("tmpfs", func(t *testing.T) { crashKillDuringIO(t, lwMemDir(t)) })
+}
+
+func crashKillDuringIO(t *testing.T, dir string) {
 	const sectors = 8192 // 4 MiB per file
 	cfg := crashConfig(t, dir, sectors)
 	d := startDaemon(t, dir, cfg)

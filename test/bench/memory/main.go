@@ -20,8 +20,8 @@
 //	rw3  4k randwrite, 2 jobs x QD32
 //	rw4  4k randwrite, 2 jobs x QD32
 //
-// and after each records the daemon's peak RSS during the round (VmHWM, reset
-// before it through /proc/PID/clear_refs), its RSS at the end (VmRSS), and
+// and after each records the daemon's peak RSS during the round (sampled
+// every 100 ms), its RSS at the end, and
 // from its /metrics the Go heap in use, the live heap and the goroutines.
 // Then it leaves the daemon idle for -idle, reading VmRSS every second.
 //
@@ -91,7 +91,7 @@ const backingSize = 512 << 20
 
 // figures are one measurement of the daemon.
 type figures struct {
-	peak, rss           int64 // VmHWM since the last reset, VmRSS
+	peak, rss           int64 // the round's peak and the RSS at its end (procRSS)
 	heapInuse, heapLive int64 // from /metrics; -1 if absent
 	goroutines, bound   int64
 	perf                float64 // IOPS or MB/s of the round
@@ -262,14 +262,30 @@ func (b *bench) transport(ctx context.Context, t, backing string) (transportResu
 
 	res.start = b.measure(srv.Pid, addr)
 	for _, r := range rounds {
-		if err := resetPeak(srv.Pid); err != nil {
-			return res, err
-		}
+		stop := make(chan struct{})
+		peak := make(chan int64)
+		go func() {
+			var p int64
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				p = max(p, procRSS(srv.Pid))
+				select {
+				case <-stop:
+					peak <- p
+					return
+				case <-t.C:
+				}
+			}
+		}()
 		perf, err := b.fio(ctx, dev, r)
+		close(stop)
+		p := <-peak
 		if err != nil {
 			return res, err
 		}
 		f := b.measure(srv.Pid, addr)
+		f.peak = max(p, f.rss)
 		f.perf = perf
 		f.perfUnit = "IOPS"
 		if r.bw {
@@ -287,7 +303,7 @@ func (b *bench) transport(ctx context.Context, t, backing string) (transportResu
 			return res, ctx.Err()
 		case <-time.After(time.Until(idleStart.Add(time.Duration(i) * time.Second))):
 		}
-		rss, _ := procStatus(srv.Pid)
+		rss := procRSS(srv.Pid)
 		series = append(series, rss)
 		if rss < goalIdle && under < 0 {
 			under = time.Since(idleStart).Round(time.Second)
@@ -312,18 +328,16 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// resetPeak resets the process's VmHWM to its current RSS.
-func resetPeak(pid int) error {
-	return os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
-}
-
-// procStatus returns VmRSS and VmHWM in bytes.
-func procStatus(pid int) (rss, hwm int64) {
+// procRSS returns the daemon's resident memory: VmRSS less RssShmem, the
+// pages of the backing file on tmpfs that the daemon maps (stack's
+// filemap.go), which are the file's, not the daemon's.
+func procRSS(pid int) int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0
+		return 0
 	}
 	defer f.Close()
+	var rss, shmem int64
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		fs := strings.Fields(s.Text())
@@ -334,17 +348,17 @@ func procStatus(pid int) (rss, hwm int64) {
 		switch fs[0] {
 		case "VmRSS:":
 			rss = kb << 10
-		case "VmHWM:":
-			hwm = kb << 10
+		case "RssShmem:":
+			shmem = kb << 10
 		}
 	}
-	return rss, hwm
+	return rss - shmem
 }
 
 // measure reads the daemon's memory from /proc and from its /metrics.
 func (b *bench) measure(pid int, addr string) figures {
 	var f figures
-	f.rss, f.peak = procStatus(pid)
+	f.rss = procRSS(pid)
 	m := scrape(addr)
 	get := func(name string) int64 {
 		if v, ok := m[name]; ok {
@@ -418,7 +432,7 @@ func (b *bench) report() string {
 	for _, r := range b.results {
 		fmt.Fprintf(&w, "* %s: %s\n", r.transport, r.plan)
 	}
-	fmt.Fprintf(&w, "\nMiB; peak is the highest RSS during the round, RSS and heap in use are at its end.\n\n")
+	fmt.Fprintf(&w, "\nMiB; RSS is VmRSS less RssShmem (the mapped backing file's pages), sampled every 100 ms; peak is the highest during the round, RSS and heap in use are at its end.\n\n")
 	fmt.Fprintf(&w, "| transport | round | fio | peak RSS | RSS | Go heap in use | live heap | goroutines |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range b.results {
 		fmt.Fprintf(&w, "| %s | start | | | %s | %s | %s | %d |\n", r.transport, mib(r.start.rss), mib(r.start.heapInuse), mib(r.start.heapLive), r.start.goroutines)
