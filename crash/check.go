@@ -144,10 +144,24 @@ func (c Checker) run(dev, id string, cut uint64) Result {
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	checks.Lock()
+	if checks.stopped {
+		checks.Unlock()
+		r.Status, r.Output = -1, "interrupted"
+		return r
+	}
 	if err := cmd.Start(); err != nil {
+		checks.Unlock()
 		r.Status, r.Output = -1, err.Error()
 		return r
 	}
+	checks.running[cmd.Process.Pid] = true
+	checks.Unlock()
+	defer func() {
+		checks.Lock()
+		delete(checks.running, cmd.Process.Pid)
+		checks.Unlock()
+	}()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	var err error
@@ -172,6 +186,25 @@ func (c Checker) run(dev, id string, cut uint64) Result {
 		r.Output = out.String()
 	}
 	return r
+}
+
+// checks are the process groups of the checks running now, by their
+// leader's pid; once stopped, no check starts.
+var checks = struct {
+	sync.Mutex
+	running map[int]bool
+	stopped bool
+}{running: map[int]bool{}}
+
+// KillChecks kills the process group of every check running now and
+// starts no other (a run that is interrupted leaves none behind).
+func KillChecks() {
+	checks.Lock()
+	defer checks.Unlock()
+	checks.stopped = true
+	for pid := range checks.running {
+		unix.Kill(-pid, unix.SIGKILL)
+	}
 }
 
 // tail keeps the last 4 KiB written to it.

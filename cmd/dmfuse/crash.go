@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"runtime"
 	"strings"
 	"sync"
@@ -145,6 +146,12 @@ func (c *CrashCmd) run(stdout, stderr io.Writer) (int, error) {
 		return 0, err
 	}
 	defer srv.Close()
+	defer onInterrupt(func() {
+		crash.KillChecks()
+		srv.Close()
+		base.Close()
+		os.RemoveAll(work)
+	})()
 	jobs := c.Jobs
 	if jobs <= 0 {
 		jobs = runtime.NumCPU()
@@ -265,6 +272,12 @@ func (c *CrashCmd) one(rec *crash.Record, logf *os.File, base *crash.Base, size 
 		return 0, err
 	}
 	defer srv.Close()
+	defer onInterrupt(func() {
+		crash.KillChecks()
+		srv.Close()
+		base.Close()
+		os.RemoveAll(work)
+	})()
 	r := &crash.Run{Rec: rec, Log: logf, Base: base, Server: srv, Check: crash.Checker{Command: c.Check, Timeout: c.Timeout}, Jobs: 1}
 	res := r.CheckState(st)
 	for _, l := range rec.Describe(st) {
@@ -292,6 +305,28 @@ func exportState(o *crash.Overlay, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// onInterrupt runs cleanup and exits with 130 on SIGINT or SIGTERM, until
+// the function it returns is called: an interrupted run leaves no mount,
+// file or check behind.
+func onInterrupt(cleanup func()) func() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-sigs:
+			fmt.Fprintln(os.Stderr, "\ndmfuse crash: interrupted")
+			cleanup()
+			os.Exit(130)
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(done)
+	}
 }
 
 // bar draws a progress bar of width cells, done of total.
