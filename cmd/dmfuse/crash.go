@@ -132,7 +132,7 @@ func (c *CrashCmd) run(stdout, stderr io.Writer) (int, error) {
 	defer base.Close()
 
 	if c.State != "" {
-		return c.one(rec, logf, base, size, stdout)
+		return c.one(rec, logf, base, work, size, stdout)
 	}
 	entries, err := cuts.Entries(rec, o.Mode)
 	if err != nil {
@@ -141,17 +141,11 @@ func (c *CrashCmd) run(stdout, stderr io.Writer) (int, error) {
 	if len(entries) == 0 {
 		return 0, fmt.Errorf("%s: no cut point (--at %s) in the log", c.Log, strings.Join(c.At, ","))
 	}
-	srv, err := crash.Serve(crash.StatesDir(work))
+	srv, done, err := serveStates(work, base)
 	if err != nil {
 		return 0, err
 	}
-	defer srv.Close()
-	defer onInterrupt(func() {
-		crash.KillChecks()
-		srv.Close()
-		base.Close()
-		os.RemoveAll(work)
-	})()
+	defer done()
 	jobs := c.Jobs
 	if jobs <= 0 {
 		jobs = runtime.NumCPU()
@@ -250,7 +244,7 @@ func (c *CrashCmd) run(stdout, stderr io.Writer) (int, error) {
 }
 
 // one checks or exports the single state --state names.
-func (c *CrashCmd) one(rec *crash.Record, logf *os.File, base *crash.Base, size int64, stdout io.Writer) (int, error) {
+func (c *CrashCmd) one(rec *crash.Record, logf *os.File, base *crash.Base, work string, size int64, stdout io.Writer) (int, error) {
 	st, err := rec.Parse(c.State)
 	if err != nil {
 		return 0, err
@@ -262,22 +256,11 @@ func (c *CrashCmd) one(rec *crash.Record, logf *os.File, base *crash.Base, size 
 	if c.Export != "" {
 		return 0, exportState(crash.NewOverlay(rec, st, base.File(), logf, size), c.Export)
 	}
-	work, err := crash.WorkDir(c.Workdir)
+	srv, done, err := serveStates(work, base)
 	if err != nil {
 		return 0, err
 	}
-	defer os.RemoveAll(work)
-	srv, err := crash.Serve(crash.StatesDir(work))
-	if err != nil {
-		return 0, err
-	}
-	defer srv.Close()
-	defer onInterrupt(func() {
-		crash.KillChecks()
-		srv.Close()
-		base.Close()
-		os.RemoveAll(work)
-	})()
+	defer done()
 	r := &crash.Run{Rec: rec, Log: logf, Base: base, Server: srv, Check: crash.Checker{Command: c.Check, Timeout: c.Timeout}, Jobs: 1}
 	res := r.CheckState(st)
 	for _, l := range rec.Describe(st) {
@@ -305,6 +288,23 @@ func exportState(o *crash.Overlay, path string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// serveStates mounts the folder of state files in work and returns it with
+// the function that unmounts it. Until then SIGINT or SIGTERM kills the
+// running checks, unmounts the folder, removes work and exits 130.
+func serveStates(work string, base *crash.Base) (*crash.Server, func(), error) {
+	srv, err := crash.Serve(crash.StatesDir(work))
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := onInterrupt(func() {
+		crash.KillChecks()
+		srv.Close()
+		base.Close()
+		os.RemoveAll(work)
+	})
+	return srv, func() { stop(); srv.Close() }, nil
 }
 
 // onInterrupt runs cleanup and exits with 130 on SIGINT or SIGTERM, until
