@@ -32,6 +32,7 @@ type fakeRing struct {
 	waits   int // calls of wait that slept
 	asleep  int // waits that slept and have not returned yet
 	wakes   int // calls of wake
+	looks   int // calls of ready (a spin looking)
 	closed  atomic.Bool
 
 	// timeouts holds the timeout of every wait that slept (0: none);
@@ -173,7 +174,15 @@ func (r *fakeRing) next() (uint64, int32, bool) {
 func (r *fakeRing) ready() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.looks++
 	return len(r.cq) > 0 || len(r.dcq) > 0
+}
+
+// lookCount returns how many times a spin has looked at the ring.
+func (r *fakeRing) lookCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.looks
 }
 
 func (r *fakeRing) wake() {
@@ -672,9 +681,13 @@ func TestExpectingArmsLeader(t *testing.T) {
 	}
 	n := len(sl)
 	_, wakes := r.counts()
+	looks := r.lookCount()
 	clk.Set(at - s.expectMargin)
 	r.fire()
-	for q.sleeping.Load() != 0 {
+	// Release the request once the leader spins for it: released while
+	// the leader is still on its way there, the request ends its
+	// expectation first, and the leader rightly sleeps until woken.
+	for q.sleeping.Load() != 0 || r.lookCount() == looks {
 		time.Sleep(time.Millisecond)
 	}
 	fs.release <- struct{}{}
