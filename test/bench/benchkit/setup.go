@@ -250,6 +250,17 @@ func TempDir(u *Undo, prog string) (string, error) {
 	return filepath.Clean(d), nil
 }
 
+// BuildScratch makes a scratch folder named after prog (u removes it) and
+// builds dmfuse from the module in the working directory into it; it
+// returns the folder and the binary.
+func BuildScratch(ctx context.Context, u *Undo, prog string) (work, bin string, err error) {
+	if work, err = TempDir(u, prog); err != nil {
+		return "", "", err
+	}
+	bin = filepath.Join(work, "dmfuse")
+	return work, bin, Build(ctx, ".", bin, "./cmd/dmfuse")
+}
+
 // machineStat returns the CPU time the whole machine spent busy (all CPUs,
 // not idle nor waiting for I/O) and the context switches it made, since
 // boot (/proc/stat).

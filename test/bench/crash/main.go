@@ -65,12 +65,8 @@ func run(w io.Writer, states, rounds int) error {
 	defer cancel()
 	var u benchkit.Undo
 	defer u.Run()
-	work, err := benchkit.TempDir(&u, "dmfuse-crash-bench")
+	work, bin, err := benchkit.BuildScratch(ctx, &u, "dmfuse-crash-bench")
 	if err != nil {
-		return err
-	}
-	bin := filepath.Join(work, "dmfuse")
-	if err := benchkit.Build(ctx, ".", bin, "./cmd/dmfuse"); err != nil {
 		return err
 	}
 	tmpfs := filepath.Join(work, "tmpfs")

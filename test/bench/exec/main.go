@@ -134,14 +134,11 @@ func run(w io.Writer, rounds, files, ioctls, calls, lvs int) error {
 	defer cancel()
 	var u benchkit.Undo
 	defer u.Run()
-	work, err := benchkit.TempDir(&u, "dmfuse-exec-bench")
+	work, dmfuse, err := benchkit.BuildScratch(ctx, &u, "dmfuse-exec-bench")
 	if err != nil {
 		return err
 	}
-	b := &bench{bin: filepath.Join(work, "dmfuse"), run: filepath.Join(work, "run"), work: work}
-	if err := benchkit.Build(ctx, ".", b.bin, "./cmd/dmfuse"); err != nil {
-		return err
-	}
+	b := &bench{bin: dmfuse, run: filepath.Join(work, "run"), work: work}
 	self, err := os.Executable()
 	if err != nil {
 		return err

@@ -75,12 +75,8 @@ func run(w io.Writer, rounds int, svgPath string) error {
 	defer cancel()
 	var u benchkit.Undo
 	defer u.Run()
-	work, err := benchkit.TempDir(&u, "dmfuse-fault-bench")
+	work, bin, err := benchkit.BuildScratch(ctx, &u, "dmfuse-fault-bench")
 	if err != nil {
-		return err
-	}
-	bin := filepath.Join(work, "dmfuse")
-	if err := benchkit.Build(ctx, ".", bin, "./cmd/dmfuse"); err != nil {
 		return err
 	}
 	tmpfs := filepath.Join(work, "tmpfs")

@@ -59,12 +59,8 @@ func run(w io.Writer, rounds int, region int64) error {
 	defer cancel()
 	var u benchkit.Undo
 	defer u.Run()
-	work, err := benchkit.TempDir(&u, "dmfuse-snapshot-bench")
+	work, bin, err := benchkit.BuildScratch(ctx, &u, "dmfuse-snapshot-bench")
 	if err != nil {
-		return err
-	}
-	bin := filepath.Join(work, "dmfuse")
-	if err := benchkit.Build(ctx, ".", bin, "./cmd/dmfuse"); err != nil {
 		return err
 	}
 	size := region * int64(rounds)
