@@ -2,9 +2,11 @@ package crash
 
 import (
 	"io"
-	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
+
+	"github.com/dmfuse/dmfuse/internal/junk"
 )
 
 // source kinds of an extent
@@ -30,8 +32,7 @@ type Overlay struct {
 	base io.ReaderAt
 	log  io.ReaderAt
 	size int64
-	seed uint64
-	unit int64 // junk is drawn per unit of this size
+	seed uint64 // of FillJunk's junk
 	ext  []extent
 
 	mu    sync.Mutex
@@ -43,7 +44,7 @@ const pageSize = 4096
 // NewOverlay builds the device of state s of rec over base (the device
 // with the writes before the cut's span applied) and log, size bytes.
 func NewOverlay(rec *Record, s State, base, log io.ReaderAt, size int64) *Overlay {
-	o := &Overlay{base: base, log: log, size: size, seed: s.Seed, unit: max(s.Unit, rec.Unit), pages: map[int64][]byte{}}
+	o := &Overlay{base: base, log: log, size: size, seed: s.Seed, pages: map[int64][]byte{}}
 	from, to := rec.Span(s.Cut)
 	lost := make(map[int][]uint32, len(s.Lost))
 	whole := make(map[int]bool, len(s.Lost))
@@ -100,7 +101,9 @@ func NewOverlay(rec *Record, s State, base, log io.ReaderAt, size int64) *Overla
 	return o
 }
 
-// paint puts e over whatever extents it overlaps.
+// paint puts e over whatever extents it overlaps. The extents are sorted
+// and disjoint: of those e overlaps, only the first can start before it
+// and only the last end after it, and those ends are kept.
 func (o *Overlay) paint(e extent) {
 	if e.end > o.size {
 		e.end = o.size
@@ -110,29 +113,18 @@ func (o *Overlay) paint(e extent) {
 	}
 	i := sort.Search(len(o.ext), func(i int) bool { return o.ext[i].end > e.off })
 	j := i
-	var keep []extent
-	for ; j < len(o.ext) && o.ext[j].off < e.end; j++ {
-		x := o.ext[j]
-		if x.off < e.off {
-			keep = append(keep, trim(x, x.off, e.off))
-		}
-		if x.end > e.end {
-			keep = append(keep, trim(x, e.end, x.end))
-		}
+	for j < len(o.ext) && o.ext[j].off < e.end {
+		j++
 	}
-	repl := make([]extent, 0, len(keep)+1)
-	for _, k := range keep {
-		if k.off < e.off {
-			repl = append(repl, k)
-		}
+	repl := make([]extent, 0, 3)
+	if i < j && o.ext[i].off < e.off {
+		repl = append(repl, trim(o.ext[i], o.ext[i].off, e.off))
 	}
 	repl = append(repl, e)
-	for _, k := range keep {
-		if k.off >= e.end {
-			repl = append(repl, k)
-		}
+	if i < j && o.ext[j-1].end > e.end {
+		repl = append(repl, trim(o.ext[j-1], e.end, o.ext[j-1].end))
 	}
-	o.ext = append(o.ext[:i], append(repl, o.ext[j:]...)...)
+	o.ext = slices.Replace(o.ext, i, j, repl...)
 }
 
 // trim returns the part [a, b) of x.
@@ -194,34 +186,10 @@ func (o *Overlay) readState(p []byte, off int64) error {
 		case srcZero:
 			clear(dst)
 		case srcJunk:
-			o.junk(dst, a)
+			junk.Fill(dst, o.seed, a)
 		}
 	}
 	return nil
-}
-
-// junk fills p, the bytes from device offset off, with the state's junk:
-// the same bytes for the same seed and offset, whatever the read.
-func (o *Overlay) junk(p []byte, off int64) {
-	for len(p) > 0 {
-		u := off / o.unit
-		r := rand.New(rand.NewPCG(o.seed, uint64(u)))
-		skip := off - u*o.unit
-		var w [8]byte
-		for i := int64(0); i < o.unit && len(p) > 0; i += 8 {
-			v := r.Uint64()
-			for k := range 8 {
-				w[k] = byte(v >> (8 * k))
-			}
-			for k := int64(0); k < 8; k++ {
-				if i+k >= skip && len(p) > 0 {
-					p[0] = w[k]
-					p = p[1:]
-					off++
-				}
-			}
-		}
-	}
 }
 
 // WriteAt keeps a write of the checker's in memory.

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/dmfuse/dmfuse/internal/junk"
 	"github.com/dmfuse/dmfuse/stack"
 )
 
@@ -218,19 +219,7 @@ func (p *powercut) fillRange(ctx context.Context, e *entry, a, b int64, c cutSpe
 	}
 	return e.within(a, b, func(a, b int64) error {
 		buf := make([]byte, b-a)
-		for off := a; off < b; {
-			blk := off / stack.SectorSize
-			r := rand.New(rand.NewPCG(c.seed, uint64(blk)))
-			var w [stack.SectorSize]byte
-			for i := 0; i < len(w); i += 8 {
-				v := r.Uint64()
-				for j := range 8 {
-					w[i+j] = byte(v >> (8 * j))
-				}
-			}
-			n := copy(buf[off-a:], w[off-blk*stack.SectorSize:])
-			off += int64(n)
-		}
+		junk.Fill(buf, c.seed, a)
 		_, err := p.dev.WriteAt(ctx, buf, p.start+a)
 		return err
 	})
