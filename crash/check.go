@@ -383,10 +383,10 @@ func (r *Run) check(s State) Result {
 	return r.Check.run(dev, r.Rec.ID(s), s.Cut)
 }
 
-// Shrink looks for a smallest set of the lost items of failing state s
-// that still fails (delta debugging: ddmin), with the base at s's cut. It
-// returns that state and its result.
-func (r *Run) Shrink(s State) (State, Result) {
+// Shrink looks for a smallest set of the lost items of state s, which
+// failed its check with result failed, that still fails (delta debugging:
+// ddmin), with the base at s's cut. It returns that state and its result.
+func (r *Run) Shrink(s State, failed Result) (State, Result) {
 	unit := s.Unit
 	var items []item
 	for _, l := range s.Lost {
@@ -405,7 +405,7 @@ func (r *Run) Shrink(s State) (State, Result) {
 	build := func(it []item) State {
 		return stateOf(s.Cut, mode, unit, s.Fill, s.Seed, it, func(int) bool { return true })
 	}
-	last := r.check(s)
+	last := failed
 	fails := func(it []item) bool {
 		res := r.check(build(it))
 		if !res.OK {
@@ -442,13 +442,9 @@ func (r *Run) Shrink(s State) (State, Result) {
 			n = min(2*n, len(items))
 		}
 	}
-	min := build(items)
-	res := r.check(min)
-	if res.OK {
-		// A flaky check: keep the last failure seen.
-		res = last
-	}
-	return min, res
+	// Every check that failed made its items the current ones: last is
+	// the result of these.
+	return build(items), last
 }
 
 func split(it []item, n int) [][]item {

@@ -375,7 +375,11 @@ func TestShrinkFindsPlanted(t *testing.T) {
 	for _, w := range run.Rec.Pending(cut) {
 		all.Lost = append(all.Lost, Loss{Write: w})
 	}
-	min, res := run.Shrink(all)
+	failed := run.CheckState(all)
+	if failed.OK {
+		t.Fatal("the state losing every write passes")
+	}
+	min, res := run.Shrink(all, failed)
 	if res.OK {
 		t.Fatal("the shrunk state passes")
 	}

@@ -171,7 +171,10 @@ func (c *CrashCmd) run(stdout, stderr io.Writer) (int, error) {
 		}
 	}
 	enc := json.NewEncoder(stdout)
-	var failedState *crash.State
+	var (
+		failedState  *crash.State
+		failedResult crash.Result
+	)
 	for i, cut := range entries {
 		mu.Lock()
 		cutNo = i
@@ -205,11 +208,11 @@ func (c *CrashCmd) run(stdout, stderr io.Writer) (int, error) {
 			}
 			if failedState == nil {
 				st := states[k]
-				failedState = &st
+				failedState, failedResult = &st, res
 			}
 		}
 		if failedState != nil && failedState.Cut == cut && !c.NoShrink && sum.Minimal == nil {
-			st, res := r.Shrink(*failedState)
+			st, res := r.Shrink(*failedState, failedResult)
 			sum.Minimal, sum.Lost = &res, rec.Describe(st)
 		}
 	}
