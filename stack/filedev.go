@@ -112,7 +112,7 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 }
 
 func (d *fileDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if off >= 0 && off+int64(len(p)) <= int64(len(d.mm)) && copyMapped(p, d.mm[off:]) {
+	if m := d.mapped(off, len(p)); m != nil && copyMapped(p, m) {
 		return len(p), nil
 	}
 	if d.block {
@@ -144,7 +144,7 @@ func (d *fileDev) ReadAt(ctx context.Context, p []byte, off int64) (int, error) 
 // RWF_DSYNC, so that it is on stable media when it returns.
 func (d *fileDev) WriteAt(ctx context.Context, p []byte, off int64) (int, error) {
 	fua := FUA(ctx)
-	if !fua && off >= 0 && off+int64(len(p)) <= int64(len(d.mm)) && copyMapped(d.mm[off:off+int64(len(p))], p) {
+	if m := d.mapped(off, len(p)); !fua && m != nil && copyMapped(m, p) {
 		return len(p), nil
 	}
 	if d.block || fua && !d.memory {

@@ -31,6 +31,15 @@ func mapFile(fd int, size int64, readOnly bool) []byte {
 	return m
 }
 
+// mapped returns bytes [off, off+n) of d's mapping, nil when d is not
+// mapped or its mapping does not hold them.
+func (d *fileDev) mapped(off int64, n int) []byte {
+	if d.mm == nil || off < 0 || off+int64(n) > int64(len(d.mm)) {
+		return nil
+	}
+	return d.mm[off : off+int64(n)]
+}
+
 // copyMapped copies src to dst where one of them is in a file's mapping.
 // A page past the file's end (the file shrank under the table) faults with
 // SIGBUS: the copy then stops, and copyMapped reports false so that the
