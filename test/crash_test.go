@@ -206,16 +206,31 @@ func crashConfig(t *testing.T, dir string, sectors int) string {
 // stacked device and a linear one with O_DIRECT writes and fsyncs: every
 // write acknowledged before the kill is on the backing files, and the next
 // `dmfuse mount` on the same folder clears the dead mount and serves the same
-// data. It runs with the backing files on disk (pread and pwrite) and on
-// tmpfs (mapped in memory: filemap.go).
+// data. It runs with the backing files on disk (pread and pwrite), on
+// tmpfs (mapped in memory: filemap.go) and behind loop devices (block
+// devices, written with direct I/O where aligned: filedirect.go).
 func TestCrashKillDuringIO(t *testing.T) {
-	t.Run("disk", func(t *testing.T) { crashKillDuringIO(t, t.TempDir()) })
-	t.Run("tmpfs", func(t *testing.T) { crashKillDuringIO(t, lwMemDir(t)) })
+	t.Run("disk", func(t *testing.T) { crashKillDuringIO(t, t.TempDir(), false) })
+	t.Run("tmpfs", func(t *testing.T) { crashKillDuringIO(t, lwMemDir(t), false) })
+	t.Run("block", func(t *testing.T) { crashKillDuringIO(t, t.TempDir(), true) })
 }
 
-func crashKillDuringIO(t *testing.T, dir string) {
+func crashKillDuringIO(t *testing.T, dir string, block bool) {
 	const sectors = 8192 // 4 MiB per file
 	cfg := crashConfig(t, dir, sectors)
+	linBacking := filepath.Join(dir, "c.img")
+	if block {
+		// The same table over loop devices over the files.
+		requireTool(t, "losetup")
+		for _, n := range []string{"a.img", "b.img", "c.img"} {
+			loop := strings.TrimSpace(run(t, "losetup", "-f", "--show", filepath.Join(dir, n)))
+			t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+			cfg = strings.ReplaceAll(cfg, "./"+n, loop)
+			if n == "c.img" {
+				linBacking = loop
+			}
+		}
+	}
 	d := startDaemon(t, dir, cfg)
 	wTop := startCrashWriters(t, d.path("top"), 2*sectors*sector/crashBlock, 4)
 	wLin := startCrashWriters(t, d.path("lin"), sectors*sector/crashBlock, 2)
@@ -225,12 +240,12 @@ func crashKillDuringIO(t *testing.T, dir string) {
 	wTop.wait(t)
 	wLin.wait(t)
 
-	// The linear device's data is on its backing file at once.
-	c, err := os.ReadFile(filepath.Join(dir, "c.img"))
+	// The linear device's data is on its backing file or device at once.
+	c, err := os.ReadFile(linBacking)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wLin.verify(t, "c.img after kill -9", c)
+	wLin.verify(t, linBacking+" after kill -9", c)
 
 	d2 := startDaemon(t, dir, cfg)
 	if !strings.Contains(d2.stderr.String(), "cleared a stale mount") {
