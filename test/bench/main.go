@@ -37,7 +37,7 @@
 //
 // # The io_uring suites
 //
-//	go run ./test/bench -suite uring|transports,poll,multipath,delay,idle,floor,thin [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D] [-thin-blocks N]
+//	go run ./test/bench -suite uring|transports,poll,multipath,delay,idle,floor,thin,peers,backing [-configs LIST] [-rounds N] [-runtime D] [-delay-runtime D] [-idle D] [-thin-blocks N]
 //
 // compare dmfuse's transports instead. Each config of -configs
 // (NAME[@REV]=FLAGS, separated by ';'; by default dev, uring and uring-poll:
@@ -77,6 +77,11 @@
 //     same file, and 4k QD1 reads and writes on each daemon's 1 ms delay
 //     device against nbdkit's delay filter; it installs the peers from
 //     Debian's packages when they are missing (see peers.go).
+//   - backing (not part of uring): the 4k -jobs jobs on each daemon's
+//     linear device over four kinds of backing (the tmpfs file, a cached
+//     ext4 file in the scratch folder, the same file with its page cache
+//     dropped, a loop block device), against the loop device over the same
+//     backing and the daemon's zero device; see backing.go.
 //   - thin (not part of uring; on the first config only): a provisioned
 //     thin volume against a linear device over the same data file, first
 //     writes with and without block zeroing and writes that break sharing
@@ -143,7 +148,7 @@ type sample struct {
 func main() {
 	floorPeer()
 	var (
-		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,poll,multipath,delay,idle,floor,thin,peers")
+		suite   = flag.String("suite", "devices", "what to measure: devices (against the baseline), or the io_uring suites: uring (all of them) or a list of transports,poll,multipath,delay,idle,floor,thin,peers,backing")
 		devices = flag.String("devices", strings.Join(allDevices, ","), "devices to measure against the baseline")
 		jobs    = flag.String("jobs", jobNames(), "fio jobs to run (devices and transports suites)")
 		pairs   = flag.Int("pairs", 5, "interleaved (baseline, device) pairs per job and device")
@@ -162,6 +167,7 @@ func main() {
 		delayRt = flag.Duration("delay-runtime", 3*time.Second, "io_uring suites: fio runtime of each delay row, after a ramp of a quarter of it")
 		idle    = flag.Duration("idle", 10*time.Second, "io_uring suites: how long to measure each idle daemon's CPU")
 		mpDelay = flag.Float64("mp-delay", 2, "io_uring suites: delay of multipath's slow paths, ms")
+		kinds   = flag.String("kinds", "tmpfs,ext4,ext4-nocache,block", "backing suite: the kinds of backing to measure")
 		thinBlk = flag.Int64("thin-blocks", 1<<20, "thin suite: 64 KiB blocks of the pool whose daemon RSS is measured, each written once")
 	)
 	flag.Usage = func() {
@@ -184,7 +190,7 @@ func main() {
 	defer stop()
 	if *suite != "devices" {
 		ub := &ubench{rounds: *rounds, runtime: *rt, delayRuntime: *delayRt, idle: *idle, size: *size << 20,
-			mpDelay: strconv.FormatFloat(*mpDelay, 'f', -1, 64), jobs: js, thinBlocks: *thinBlk}
+			mpDelay: strconv.FormatFloat(*mpDelay, 'f', -1, 64), jobs: js, thinBlocks: *thinBlk, kindList: *kinds}
 		if ub.suites, err = parseSuites(*suite); err == nil {
 			ub.configs, err = parseConfigs(*configs)
 		}

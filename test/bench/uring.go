@@ -88,12 +88,14 @@ type ubench struct {
 	configs      []*config
 	jobs         []job // of the transports suite
 
-	undo    benchkit.Undo
-	scratch string
-	lin     string  // the tmpfs file every device is over
-	loop    string  // the loop device over it
-	peers   []*peer // the peers suite's other servers
-	w       strings.Builder
+	undo     benchkit.Undo
+	scratch  string
+	lin      string  // the tmpfs file every device is over
+	loop     string  // the loop device over it
+	peers    []*peer // the peers suite's other servers
+	kinds    []backingKind
+	kindList string // -kinds
+	w        strings.Builder
 }
 
 func (b *ubench) has(suite string) bool { return slices.Contains(b.suites, suite) }
@@ -107,8 +109,8 @@ func parseSuites(s string) ([]string, error) {
 		add := []string{n}
 		if n == "uring" {
 			add = uringSuites
-		} else if !slices.Contains(uringSuites, n) && n != "thin" && n != "peers" {
-			return nil, fmt.Errorf("unknown suite %q (have devices, uring or a list of %s,thin,peers)", n, strings.Join(uringSuites, ","))
+		} else if !slices.Contains(uringSuites, n) && n != "thin" && n != "peers" && n != "backing" {
+			return nil, fmt.Errorf("unknown suite %q (have devices, uring or a list of %s,thin,peers,backing)", n, strings.Join(uringSuites, ","))
 		}
 		for _, a := range add {
 			if !slices.Contains(out, a) {
@@ -120,7 +122,7 @@ func parseSuites(s string) ([]string, error) {
 }
 
 func (b *ubench) run(ctx context.Context) (string, error) {
-	if err := check(b.has("transports") || b.has("floor") || b.has("peers")); err != nil {
+	if err := check(b.needsLoop()); err != nil {
 		return "", err
 	}
 	if err := b.setup(ctx); err != nil {
@@ -172,6 +174,8 @@ func (b *ubench) run(ctx context.Context) (string, error) {
 			err = b.thin(ctx)
 		case "peers":
 			err = b.peersSuite(ctx)
+		case "backing":
+			err = b.backing(ctx)
 		}
 		if err != nil {
 			return "", err
@@ -215,7 +219,11 @@ func (b *ubench) setup(ctx context.Context) error {
 	}
 
 	tmpfs := filepath.Join(b.scratch, "tmpfs")
-	if err := benchkit.MountTmpfs(&b.undo, tmpfs, b.size+64<<20); err != nil {
+	files := int64(1)
+	if b.has("backing") {
+		files += int64(len(b.configs)) + 1 // the block devices' files
+	}
+	if err := benchkit.MountTmpfs(&b.undo, tmpfs, files*b.size+64<<20); err != nil {
 		return err
 	}
 	b.lin = filepath.Join(tmpfs, "lin.img")
@@ -223,9 +231,10 @@ func (b *ubench) setup(ctx context.Context) error {
 	if err := benchkit.Fill(b.lin, b.size); err != nil {
 		return err
 	}
-	cfgPath := filepath.Join(b.scratch, "uring.conf")
-	if err := os.WriteFile(cfgPath, []byte(b.table()), 0o644); err != nil {
-		return err
+	if b.has("backing") {
+		if err := b.backingSetup(ctx, tmpfs); err != nil {
+			return err
+		}
 	}
 
 	// Connections keep the transport they negotiated: the module
@@ -237,6 +246,10 @@ func (b *ubench) setup(ctx context.Context) error {
 	b.undo.Push(restore)
 	for _, c := range b.configs {
 		c.mnt = filepath.Join(b.scratch, "mnt-"+c.name)
+		cfgPath := filepath.Join(b.scratch, c.name+".conf")
+		if err := os.WriteFile(cfgPath, []byte(b.table(c)), 0o644); err != nil {
+			return err
+		}
 		argv := append([]string{c.bin, "mount", "--config", cfgPath, "--control", filepath.Join(b.scratch, c.name+".sock")}, c.args...)
 		env := append([]string{"XDG_STATE_HOME=" + filepath.Join(b.scratch, "state-"+c.name)}, c.env...)
 		srv, err := benchkit.StartMounted(ctx, &b.undo, "dmfuse "+c.name, c.mnt, benchkit.FileReady(filepath.Join(c.mnt, "linear")), env, append(argv, c.mnt)...)
@@ -251,7 +264,7 @@ func (b *ubench) setup(ctx context.Context) error {
 	}
 	restore()
 
-	if b.has("transports") || b.has("floor") || b.has("peers") {
+	if b.needsLoop() {
 		if b.loop, err = benchkit.AttachLoop(ctx, &b.undo, b.lin); err != nil {
 			return err
 		}
@@ -262,9 +275,14 @@ func (b *ubench) setup(ctx context.Context) error {
 	return nil
 }
 
-// table returns the devices every daemon mounts, all over the one tmpfs
-// file: what the chosen suites need.
-func (b *ubench) table() string {
+// needsLoop says whether a chosen suite measures the loop device.
+func (b *ubench) needsLoop() bool {
+	return b.has("transports") || b.has("floor") || b.has("peers") || b.has("backing")
+}
+
+// table returns the devices config c mounts, all over the one tmpfs file
+// but the backing suite's: what the chosen suites need.
+func (b *ubench) table(c *config) string {
 	sec := b.size / 512
 	lines := []string{fmt.Sprintf("linear,,,rw,0 %d linear %s 0", sec, b.lin)}
 	if b.has("multipath") {
@@ -276,9 +294,10 @@ func (b *ubench) table() string {
 			fmt.Sprintf("hst,,,rw,0 %d multipath 0 0 1 1 historical-service-time 0 4 1 f1 1 s1 1 s2 1 s3 1", sec),
 			fmt.Sprintf("fast,,,rw,0 %d multipath 0 0 1 1 round-robin 0 1 1 f1 1", sec))
 	}
-	if b.has("floor") {
+	if b.has("floor") || b.has("backing") {
 		lines = append(lines, fmt.Sprintf("zero,,,rw,0 %d zero", sec))
 	}
+	lines = append(lines, b.backingTable(c)...)
 	if b.has("delay") {
 		for _, d := range []string{"0", "1", "10"} {
 			lines = append(lines, fmt.Sprintf("d%s,,,rw,0 %d delay %s 0 %s", d, sec, b.lin, d))
