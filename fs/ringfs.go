@@ -12,9 +12,9 @@ import (
 )
 
 // ringFS is the file system the io_uring transport serves: go-fuse's
-// bridge, and the uring.Direct capability, through which a READ or WRITE of
-// a device that maps whole onto a backing file through a linear target
-// (stack.Device.FileIO says which) is issued on the file by the queue's own
+// bridge, and the uring.Direct capability, through which a READ of a device
+// that maps whole onto a backing file through a linear target
+// (stack.Device.FileRead says which) is issued on the file by the queue's own
 // ring, with no system call of its own. The kernel names a device file by the node id
 // go-fuse gave it, which go-fuse does not tell its nodes: ringFS learns it
 // from the LOOKUP replies of device files (node ids are never reused) and
@@ -62,7 +62,7 @@ func (f *ringFS) MapDirect(nodeID uint64, write bool, off int64, n int, io *urin
 	if write {
 		k = ioop.Write
 	}
-	d := dn.dev.FileIO(k, off, n)
+	d := dn.dev.FileRead(k, off, n)
 	if d == nil {
 		return false
 	}
@@ -73,7 +73,7 @@ func (f *ringFS) MapDirect(nodeID uint64, write bool, off int64, n int, io *urin
 
 // EndDirect implements uring.Direct.
 func (f *ringFS) EndDirect(io *uring.DirectIO, p []byte, res int32) int32 {
-	n, err := io.Tag.(*stack.FileIO).End(ioCtx, p, int(res))
+	n, err := io.Tag.(*stack.FileRead).End(ioCtx, p, int(res))
 	if err != nil {
 		return -int32(errno(err))
 	}

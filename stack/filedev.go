@@ -24,14 +24,9 @@ type fileDev struct {
 	memory bool // a file in memory (tmpfs, ramfs): a sync never waits for a disk
 	// asyncRead: io_uring reads the file without a worker thread (the
 	// file's system takes non-blocking reads: a block device, ext4, xfs,
-	// btrfs), which FileIO needs to beat pread.
+	// btrfs), which FileRead needs to beat pread.
 	asyncRead bool
 	rdev      uint64 // a block device's number
-	// dfd is a block device opened again with O_DIRECT, for the writes
-	// through a transport's ring that meet its offset alignment dioOff
-	// (filedirect.go); -1 for a file or a device without direct I/O.
-	dfd    int
-	dioOff int64
 	// mm is the file mapped in memory (filemap.go): a file in memory
 	// (tmpfs, ramfs) up to maxMapped, whose reads and plain writes are
 	// copies from and into it; nil otherwise.
@@ -71,7 +66,7 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 	// (drivers/block/loop.c advertises discard and write-zeroes for files
 	// whose file system has fallocate; fileDev falls back by itself where
 	// ZERO_RANGE is missing). A block device takes what its queue says.
-	d := &fileDev{f: f, fd: int(f.Fd()), name: name, excl: -1, dfd: -1, limits: Limits{Discard: true, WriteZeroes: true}}
+	d := &fileDev{f: f, fd: int(f.Fd()), name: name, excl: -1, limits: Limits{Discard: true, WriteZeroes: true}}
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
 		d.key = fileKey{dev: sys.Dev, ino: sys.Ino}
 	}
@@ -108,9 +103,6 @@ func OpenFile(path, name string, readOnly bool) (BlockDevice, error) {
 		if d.excl, err = claimBlock(d.fd, d.rdev); err != nil {
 			f.Close()
 			return nil, &os.PathError{Op: "claim", Path: path, Err: err}
-		}
-		if !readOnly {
-			d.openDirect()
 		}
 	default:
 		f.Close()
@@ -260,10 +252,6 @@ func (d *fileDev) Close() error {
 	if d.mm != nil {
 		unix.Munmap(d.mm)
 		d.mm = nil
-	}
-	if d.dfd >= 0 {
-		unix.Close(d.dfd)
-		d.dfd = -1
 	}
 	return d.f.Close()
 }

@@ -1,12 +1,10 @@
 package test
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -243,50 +241,11 @@ func verifiedLinear(t *testing.T, dir string, args ...string) (*daemon, []byte) 
 	requireURing(t)
 	requireTool(t, "fio")
 	sparseFile(t, filepath.Join(dir, "a.img"), 16<<20)
-	return uringLinear(t, dir, "./a.img", append([]string{"--verify=crc32c", "--do_verify=1", "--verify_state_save=0"}, args...)...)
-}
-
-// uringLinear serves a linear device over 16 MiB of backing (a path, or
-// relative to dir) on io_uring, writes it with two fio jobs (args: sizes,
-// depth, verification), and returns the daemon and its metrics.
-func uringLinear(t *testing.T, dir, backing string, args ...string) (*daemon, []byte) {
-	t.Helper()
-	d := startDaemon(t, dir, "lin,,,rw,0 32768 linear "+backing+" 0;", "--transport", "uring", "--metrics-addr", "127.0.0.1:0")
+	d := startDaemon(t, dir, "lin,,,rw,0 32768 linear ./a.img 0;", "--transport", "uring", "--metrics-addr", "127.0.0.1:0")
 	mustLog(t, d, "transport io_uring")
 	run(t, "fio", append([]string{"--name=verified", "--filename=" + d.path("lin"), "--direct=1", "--rw=randwrite",
-		"--ioengine=io_uring", "--numjobs=2"}, args...)...)
+		"--ioengine=io_uring", "--numjobs=2", "--verify=crc32c", "--do_verify=1", "--verify_state_save=0"}, args...)...)
 	return d, scrape(t, d)
-}
-
-// TestURingDirectBlockWrites: WRITEs of a linear device over a block
-// device go to it through the queues' rings with direct I/O (counted in
-// dmfuse_uring_direct_total; nothing else is read or written), and the
-// block device holds what the device file does.
-func TestURingDirectBlockWrites(t *testing.T) {
-	requireURing(t)
-	requireTool(t, "fio")
-	requireTool(t, "losetup")
-	dir := t.TempDir()
-	sparseFile(t, filepath.Join(dir, "a.img"), 16<<20)
-	loop := strings.TrimSpace(run(t, "losetup", "-f", "--show", filepath.Join(dir, "a.img")))
-	t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
-	d, body := uringLinear(t, dir, loop, "--bsrange=4k-16k", "--iodepth=8", "--size=4m", "--offset_increment=4m")
-	n := scraped(t, body, "dmfuse_uring_direct_total")
-	// 2 jobs x 4 MiB in requests of at most 16 KiB.
-	if n < 2*4<<20/(16<<10) {
-		t.Errorf("%d writes through the rings, want at least %d\n%s", n, 2*4<<20/(16<<10), regexp.MustCompile(`(?m)^dmfuse_uring.*$`).FindAll(body, -1))
-	}
-	dev, err := os.ReadFile(d.path("lin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := os.ReadFile(loop)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(dev, back) || bytes.Equal(dev[:8<<20], make([]byte, 8<<20)) {
-		t.Errorf("the device and its block device differ from byte %d, or nothing was written", firstDiff(dev, back))
-	}
 }
 
 // diskTempDir returns a temporary folder on a disk file system whose files

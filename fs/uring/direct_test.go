@@ -51,7 +51,7 @@ func (d *directFS) MapDirect(node uint64, write bool, off int64, n int, io *Dire
 	return true
 }
 
-// EndDirect fills a short read with zeros, as stack.DirectIO.End does past
+// EndDirect fills a short read with zeros, as stack.FileRead.End does past
 // the end of a file.
 func (d *directFS) EndDirect(io *DirectIO, p []byte, res int32) int32 {
 	d.mu.Lock()

@@ -32,21 +32,21 @@ func directFile(t *testing.T) (*fileDev, []byte) {
 	return f, data
 }
 
-// TestFileIO: a read that a linear target maps whole onto the file is a
-// FileIO at the file's offset, inside the gate and counted until End;
+// TestFileRead: a read that a linear target maps whole onto the file is a
+// FileRead at the file's offset, inside the gate and counted until End;
 // what cannot go to the file directly (a write, a read crossing a segment
 // or the end, another target, a suspended device, a file io_uring reads
 // through a worker) is refused.
-func TestFileIO(t *testing.T) {
+func TestFileRead(t *testing.T) {
 	f, data := directFile(t)
 	d := liveDevice(t, "0 16 linear f 8\n16 16 zero", map[string]BlockDevice{"f": f}, nil)
 
-	io := d.FileIO(ioop.Read, 1024, 2048)
+	io := d.FileRead(ioop.Read, 1024, 2048)
 	if io == nil {
 		t.Fatal("a read inside the linear segment was refused")
 	}
 	if io.FD != f.fd || io.Off != 8*SectorSize+1024 {
-		t.Errorf("FileIO at fd %d offset %d, want %d, %d", io.FD, io.Off, f.fd, 8*SectorSize+1024)
+		t.Errorf("FileRead at fd %d offset %d, want %d, %d", io.FD, io.Off, f.fd, 8*SectorSize+1024)
 	}
 	if s := d.Disk().Snapshot(); s.InFlight[0] != 1 {
 		t.Errorf("in flight %v while the read runs", s.InFlight)
@@ -69,13 +69,13 @@ func TestFileIO(t *testing.T) {
 
 	// A short read (the file shrank) is finished by End, with zeros past
 	// the end of the file; an error result is the request's error.
-	io = d.FileIO(ioop.Read, 0, 4096)
+	io = d.FileRead(ioop.Read, 0, 4096)
 	buf = make([]byte, 4096)
 	copy(buf, data[8*SectorSize:][:100])
 	if n, err := io.End(context.Background(), buf, 100); n != 4096 || err != nil || !bytes.Equal(buf, data[8*SectorSize:][:4096]) {
 		t.Errorf("short read finished as %d, %v", n, err)
 	}
-	io = d.FileIO(ioop.Read, 0, 512)
+	io = d.FileRead(ioop.Read, 0, 512)
 	if _, err := io.End(context.Background(), make([]byte, 512), -int(syscall.EIO)); err != syscall.EIO {
 		t.Errorf("failed read: %v", err)
 	}
@@ -91,7 +91,7 @@ func TestFileIO(t *testing.T) {
 		{"past the end", ioop.Read, 32 * SectorSize, 512},
 		{"empty", ioop.Read, 0, 0},
 	} {
-		if io := d.FileIO(tc.k, int64(tc.off), tc.n); io != nil {
+		if io := d.FileRead(tc.k, int64(tc.off), tc.n); io != nil {
 			t.Errorf("%s: went to the file", tc.name)
 			io.End(context.Background(), make([]byte, tc.n), tc.n)
 		}
@@ -99,24 +99,24 @@ func TestFileIO(t *testing.T) {
 	if err := d.Suspend(false); err != nil {
 		t.Fatal(err)
 	}
-	if io := d.FileIO(ioop.Read, 0, 512); io != nil {
+	if io := d.FileRead(ioop.Read, 0, 512); io != nil {
 		t.Error("a read went to the file while the device is suspended")
 	}
 	if err := d.Resume(); err != nil {
 		t.Fatal(err)
 	}
 	f.asyncRead = false
-	if io := d.FileIO(ioop.Read, 0, 512); io != nil {
+	if io := d.FileRead(ioop.Read, 0, 512); io != nil {
 		t.Error("a read went to a file that io_uring reads through a worker")
 	}
 }
 
-// TestFileIOHoldsSuspend: a suspend waits for a FileIO to end, as it
+// TestFileReadHoldsSuspend: a suspend waits for a FileRead to end, as it
 // waits for any I/O inside the device.
-func TestFileIOHoldsSuspend(t *testing.T) {
+func TestFileReadHoldsSuspend(t *testing.T) {
 	f, _ := directFile(t)
 	d := liveDevice(t, "0 16 linear f 0", map[string]BlockDevice{"f": f}, nil)
-	io := d.FileIO(ioop.Read, 0, 512)
+	io := d.FileRead(ioop.Read, 0, 512)
 	done := make(chan error, 1)
 	go func() { done <- d.Suspend(false) }()
 	select {
