@@ -103,12 +103,15 @@ func (b *ubench) backingSetup(ctx context.Context, tmpfs string) error {
 func (b *ubench) backingTable(c *config) []string {
 	sec := b.size / 512
 	var lines []string
+	seen := map[string]bool{"linear": true} // the tmpfs kind's, in every table
 	for _, k := range b.kinds {
-		switch {
-		case k.block != nil:
-			lines = append(lines, fmt.Sprintf("%s,,,rw,0 %d linear %s 0", k.dev, sec, k.block[c.name]))
-		case k.file != "" && !k.drop:
-			lines = append(lines, fmt.Sprintf("%s,,,rw,0 %d linear %s 0", k.dev, sec, k.file))
+		backing := k.file
+		if k.block != nil {
+			backing = k.block[c.name]
+		}
+		if !seen[k.dev] {
+			seen[k.dev] = true
+			lines = append(lines, fmt.Sprintf("%s,,,rw,0 %d linear %s 0", k.dev, sec, backing))
 		}
 	}
 	return lines
