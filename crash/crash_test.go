@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -459,6 +460,25 @@ func TestServeStates(t *testing.T) {
 	}
 	if c, _ := os.ReadFile(kept); c[0] != 1 {
 		t.Error("a write to one state's file reached another")
+	}
+}
+
+// TestOverlayReadAtEnd: a read crossing the end of a state's device reads
+// what is there and says io.EOF, as io.ReaderAt asks; one past the end
+// reads nothing.
+func TestOverlayReadAtEnd(t *testing.T) {
+	log := buildLog([]tEntry{{Sector: 0, Count: 4, Fill: 1}, {Flags: logwrites.FlagFlush}})
+	run := testRun(t, log, 4*tUnit, Options{Mode: Subset}, nil)
+	if err := run.Base.Advance(1); err != nil {
+		t.Fatal(err)
+	}
+	o := NewOverlay(run.Rec, State{Cut: 1}, run.Base.File(), run.Log, 4*tUnit)
+	p := make([]byte, 2*tUnit)
+	if n, err := o.ReadAt(p, 3*tUnit); n != tUnit || err != io.EOF || p[0] != 1 {
+		t.Errorf("read across the end: %d, %v, first byte %d; want %d, EOF, 1", n, err, p[0], tUnit)
+	}
+	if n, err := o.ReadAt(p, 4*tUnit); n != 0 || err != io.EOF {
+		t.Errorf("read at the end: %d, %v", n, err)
 	}
 }
 

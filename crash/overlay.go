@@ -149,8 +149,7 @@ func (o *Overlay) ReadAt(p []byte, off int64) (int, error) {
 	if int64(n) > o.size-off {
 		n = int(o.size - off)
 	}
-	p = p[:n]
-	if err := o.readState(p, off); err != nil {
+	if err := o.readState(p[:n], off); err != nil {
 		return 0, err
 	}
 	o.mu.Lock()
