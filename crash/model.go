@@ -24,20 +24,18 @@ const (
 	Sector
 )
 
+// modeNames are the modes' names, in Mode order.
+var modeNames = []string{"prefix", "subset", "sector"}
+
 // ParseMode reads prefix, subset or sector.
 func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "prefix":
-		return Prefix, nil
-	case "subset":
-		return Subset, nil
-	case "sector":
-		return Sector, nil
+	if i := slices.Index(modeNames, s); i >= 0 {
+		return Mode(i), nil
 	}
 	return 0, fmt.Errorf("mode %q: want prefix, subset or sector", s)
 }
 
-func (m Mode) String() string { return [...]string{"prefix", "subset", "sector"}[m] }
+func (m Mode) String() string { return modeNames[m] }
 
 // Fill is what a lost unit reads as after the crash.
 type Fill int
@@ -51,20 +49,18 @@ const (
 	FillJunk
 )
 
+// fillNames are the fills' names, in Fill order.
+var fillNames = []string{"old", "zero", "junk"}
+
 // ParseFill reads old, zero or junk.
 func ParseFill(s string) (Fill, error) {
-	switch s {
-	case "old":
-		return FillOld, nil
-	case "zero":
-		return FillZero, nil
-	case "junk":
-		return FillJunk, nil
+	if i := slices.Index(fillNames, s); i >= 0 {
+		return Fill(i), nil
 	}
 	return 0, fmt.Errorf("fill %q: want old, zero or junk", s)
 }
 
-func (f Fill) String() string { return [...]string{"old", "zero", "junk"}[f] }
+func (f Fill) String() string { return fillNames[f] }
 
 // Loss is one lost item of a state: a whole write, or some of its tear
 // units.
