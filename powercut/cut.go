@@ -162,14 +162,9 @@ func (p *powercut) cut(ctx context.Context, c cutSpec) (string, error) {
 			}
 		case rng.Uint64()&1 == 1:
 			keep := e.end - e.off
-			if s := e.sectors(); c.mode == "torn" && s > 1 {
-				if c.unit == stack.SectorSize {
-					j := 1 + rng.Int64N(s)
-					keep = min(e.end, (e.off/stack.SectorSize+j)*stack.SectorSize) - e.off
-				} else if units := (e.end+c.unit-1)/c.unit - e.off/c.unit; units > 1 {
-					j := 1 + rng.Int64N(units)
-					keep = min(e.end, (e.off/c.unit+j)*c.unit) - e.off
-				}
+			if units := (e.end+c.unit-1)/c.unit - e.off/c.unit; c.mode == "torn" && units > 1 {
+				j := 1 + rng.Int64N(units)
+				keep = min(e.end, (e.off/c.unit+j)*c.unit) - e.off
 			}
 			write(e, e.off, e.off+keep)
 			if keep < e.end-e.off {
